@@ -1,0 +1,2 @@
+//! Side-by-side benchmarks of calm against its peers.
+fn main() {}

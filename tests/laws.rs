@@ -1,0 +1,85 @@
+//! Every calm CRDT through the whole law harness: the algebraic laws,
+//! delta equivalence, convergence of five replicas under delivery chaos
+//! (full states and deltas), and the codec on hostile input.
+
+use calm::testing::{Config, chaos, laws};
+use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
+
+fn cfg() -> Config {
+    Config::default()
+}
+
+/// Runs the state-based checks every type passes.
+macro_rules! state_laws {
+    ($($name:ident: $t:ty;)*) => {$(
+        mod $name {
+            use super::*;
+
+            /// Commutative, associative, idempotent, monotone.
+            #[test]
+            fn algebraic_laws() {
+                laws::check_laws::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+            }
+
+            /// Five replicas converge under reordering, duplication and drops.
+            #[test]
+            fn convergence_under_chaos() {
+                chaos::check_convergence::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+            }
+
+            /// Round trips, truncations, bit flips, garbage, a length bomb.
+            #[test]
+            fn codec_on_hostile_input() {
+                let stats = laws::check_codec::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+                assert!(stats.hostile_inputs > u64::from(cfg().cases));
+                eprintln!("{}: {stats:?}", stringify!($t));
+            }
+        }
+    )*};
+}
+
+/// Adds the delta checks for the causal types.
+macro_rules! delta_laws {
+    ($($name:ident: $t:ty;)*) => {$(
+        mod $name {
+            use super::*;
+
+            /// `a ⊔ b.delta(vv(a)) == a ⊔ b`, and deltas hold nothing extra.
+            #[test]
+            fn delta_equivalence() {
+                laws::check_delta::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+            }
+
+            /// Five replicas gossiping stale deltas and states converge.
+            #[test]
+            fn delta_convergence_under_chaos() {
+                chaos::check_delta_convergence::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+            }
+        }
+    )*};
+}
+
+state_laws! {
+    g_counter: GCounter;
+    pn_counter: PnCounter;
+    g_set: GSet<u8>;
+    two_phase_set: TwoPhaseSet<u8>;
+    or_set: OrSet<u8>;
+    lww_register: LwwRegister<u8>;
+    mv_register: MvRegister<u8>;
+    or_map: OrMap<u8, PnCounter>;
+    or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+}
+
+mod delta {
+    use super::*;
+
+    delta_laws! {
+        g_counter: GCounter;
+        pn_counter: PnCounter;
+        or_set: OrSet<u8>;
+        mv_register: MvRegister<u8>;
+        or_map: OrMap<u8, PnCounter>;
+        or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+    }
+}
