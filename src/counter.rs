@@ -285,35 +285,50 @@ impl DeltaMerge for PnCounter {
     /// would pass `u64::MAX` saturates, and a saturated entry is always
     /// resent by [`delta`](DeltaMerge::delta), so the delta stays exact.
     fn version_vector(&self) -> VersionVector {
-        let mut vv = VersionVector::new();
-        for (r, _) in self.up.slots.iter().chain(self.down.slots.iter()) {
-            vv.observe(r, self.progress(r));
-        }
-        vv
+        self.slots()
+            .map(|(r, up, down)| (r, up.saturating_add(down)))
+            .collect()
     }
 
     fn delta(&self, since: &VersionVector) -> Self {
-        let moved = |r: ReplicaId| {
-            let p = self.progress(r);
-            p == u64::MAX || p > since.get(r)
-        };
+        let (mut up, mut down) = (Vec::new(), Vec::new());
+        for (r, u, d) in self.slots() {
+            let progress = u.saturating_add(d);
+            if progress == u64::MAX || progress > since.get(r) {
+                up.push((r, u));
+                down.push((r, d));
+            }
+        }
         Self {
             up: GCounter {
-                slots: self.up.slots.iter().filter(|&(r, _)| moved(r)).collect(),
+                slots: up.into_iter().collect(),
             },
             down: GCounter {
-                slots: self.down.slots.iter().filter(|&(r, _)| moved(r)).collect(),
+                slots: down.into_iter().collect(),
             },
         }
     }
 }
 
 impl PnCounter {
-    /// `replica`'s increments plus decrements, saturating.
-    fn progress(&self, replica: ReplicaId) -> u64 {
-        self.up
-            .contribution(replica)
-            .saturating_add(self.down.contribution(replica))
+    /// Every replica with a slot, in order, with its increments and
+    /// decrements: one merge-join of the two sorted slot maps.
+    fn slots(&self) -> impl Iterator<Item = (ReplicaId, u64, u64)> + '_ {
+        let (mut up, mut down) = (
+            self.up.slots.iter().peekable(),
+            self.down.slots.iter().peekable(),
+        );
+        std::iter::from_fn(move || {
+            let r = match (up.peek(), down.peek()) {
+                (Some(&(a, _)), Some(&(b, _))) => a.min(b),
+                (Some(&(a, _)), None) => a,
+                (None, Some(&(b, _))) => b,
+                (None, None) => return None,
+            };
+            let u = up.next_if(|&(x, _)| x == r).map_or(0, |(_, c)| c);
+            let d = down.next_if(|&(x, _)| x == r).map_or(0, |(_, c)| c);
+            Some((r, u, d))
+        })
     }
 }
 

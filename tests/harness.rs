@@ -58,7 +58,9 @@ fn non_commutative_merge_is_caught() {
 #[test]
 fn non_idempotent_merge_is_caught() {
     let v = laws::check_laws::<Summing>(&Config::default()).unwrap_err();
-    assert_eq!(v.law, "idempotent", "{v}");
+    // The order check `x ⊔ y == y` itself relies on idempotence, so the
+    // failure may surface as either law.
+    assert!(["idempotent", "monotone"].contains(&v.law), "{v}");
     assert!(chaos::check_convergence::<Summing>(&Config::default()).is_err());
 }
 

@@ -1,2 +1,19 @@
-//! Side-by-side benchmarks of calm against its peers.
-fn main() {}
+//! Side-by-side benchmarks of calm against its peers, reported as ratios.
+//!
+//! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`.
+
+mod crdt;
+mod harness;
+mod rng;
+
+fn main() {
+    let suite = std::env::args().nth(1).unwrap_or_else(|| "crdt".into());
+    let rows = match suite.as_str() {
+        "crdt" => crdt::run(),
+        other => {
+            eprintln!("unknown suite {other:?}; suites: crdt");
+            std::process::exit(2);
+        }
+    };
+    print!("{}", harness::markdown(&rows));
+}

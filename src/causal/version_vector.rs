@@ -117,8 +117,18 @@ impl std::fmt::Debug for VersionVector {
 
 impl Merge for VersionVector {
     fn merge(&mut self, other: &Self) {
-        for (&r, &c) in &other.entries {
-            self.observe(r, c);
+        // Replicas usually know the same set of replicas: then one lockstep
+        // walk over both sorted maps updates in place with no lookups.
+        let same_keys = self.entries.len() == other.entries.len()
+            && self.entries.keys().eq(other.entries.keys());
+        if same_keys {
+            for ((_, ours), (_, theirs)) in self.entries.iter_mut().zip(&other.entries) {
+                *ours = (*ours).max(*theirs);
+            }
+        } else {
+            for (&r, &c) in &other.entries {
+                self.observe(r, c);
+            }
         }
     }
 }
@@ -159,12 +169,18 @@ impl From<VersionVector> for BTreeMap<ReplicaId, u64> {
 }
 
 impl FromIterator<(ReplicaId, u64)> for VersionVector {
+    /// Collects pairs, keeping the highest counter per replica and
+    /// dropping zeros.
     fn from_iter<I: IntoIterator<Item = (ReplicaId, u64)>>(iter: I) -> Self {
-        let mut vv = Self::new();
-        for (r, c) in iter {
-            vv.observe(r, c);
+        let mut pairs: Vec<(ReplicaId, u64)> = iter.into_iter().filter(|&(_, c)| c > 0).collect();
+        // Sorted by replica, highest counter first within a replica, so
+        // `dedup_by_key` keeps the maximum; the map is then built in bulk
+        // from sorted input.
+        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        pairs.dedup_by_key(|p| p.0);
+        Self {
+            entries: pairs.into_iter().collect(),
         }
-        vv
     }
 }
 
