@@ -78,8 +78,10 @@ pub mod counter;
 mod error;
 pub mod map;
 mod merge;
+pub mod occ;
 pub mod register;
 pub mod set;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -70,8 +70,10 @@ use crate::causal::ReplicaId;
 use crate::merge::Merge;
 
 pub mod chaos;
+pub mod conformance;
 mod impls;
 pub mod laws;
+pub mod linearizability;
 
 pub use impls::{MapOp, SetOp};
 

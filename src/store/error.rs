@@ -1,0 +1,123 @@
+use std::error::Error as StdError;
+
+use super::LeaseId;
+use crate::codec::DecodeError;
+use crate::occ::{RetryExhausted, Version};
+
+/// A boxed error from a backend's client library.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a store operation failed.
+///
+/// A lost compare-and-set is not here: it is the expected outcome
+/// [`WriteOutcome::Conflict`](super::WriteOutcome::Conflict). These are the
+/// failures: bad input (fix the call), a lease that is gone (stop acting on
+/// it), history that was compacted (re-read and re-watch), and an
+/// unreachable backend (retry; see [`StoreError::is_retryable`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The key is empty or longer than [`MAX_KEY_LEN`](super::MAX_KEY_LEN).
+    /// Nothing was done. Fix the key.
+    #[error("invalid key of {len} bytes: {reason}")]
+    InvalidKey {
+        /// The key's length.
+        len: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The value is larger than [`MAX_VALUE_LEN`](super::MAX_VALUE_LEN).
+    /// Nothing was done.
+    #[error("value of {len} bytes exceeds the limit of {max}")]
+    ValueTooLarge {
+        /// The value's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The transaction is malformed (for example it writes one key twice).
+    /// Nothing was done.
+    #[error("invalid transaction: {reason}")]
+    InvalidTxn {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A lease TTL of zero or beyond what the backend supports.
+    #[error("invalid lease ttl: {reason}")]
+    InvalidTtl {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The lease is not alive: it expired, was revoked, or was never
+    /// granted. Whoever held it must stop acting on it.
+    #[error("lease {lease} not found: expired, revoked or never granted")]
+    LeaseNotFound {
+        /// The lease asked for.
+        lease: LeaseId,
+    },
+    /// A watch asked for history the store no longer keeps. Re-read the
+    /// current state and watch from its revision.
+    #[error("revision {requested} is compacted (history kept from {first_kept})")]
+    Compacted {
+        /// The revision asked for.
+        requested: Version,
+        /// The oldest revision still available.
+        first_kept: Version,
+    },
+    /// A read-merge-write ([`StoreExt::merge_into`](super::StoreExt::merge_into))
+    /// or another optimistic loop kept conflicting. Nothing was written by
+    /// the failed attempts; retrying later is safe.
+    #[error(transparent)]
+    Contention(#[from] RetryExhausted),
+    /// A stored value did not decode as the type asked for (another program
+    /// wrote the key, or it holds another type).
+    #[error("stored value under the key does not decode: {0}")]
+    Decode(#[from] DecodeError),
+    /// A stored value did not deserialize (typed wrapper).
+    #[error("stored value under the key does not deserialize: {0}")]
+    Serde(#[from] serde_json::Error),
+    /// The backend could not be reached or the connection broke before the
+    /// request was sent, or the request is known not to have been applied.
+    /// Retrying is safe.
+    #[error("backend unavailable: {source}")]
+    Unavailable {
+        /// The client library's error.
+        source: BoxError,
+    },
+    /// The connection broke after a write was sent: it may or may not have
+    /// been applied. Re-read the key (its version says which), or make the
+    /// write idempotent.
+    #[error("outcome unknown, the write may have been applied: {source}")]
+    Indeterminate {
+        /// The client library's error.
+        source: BoxError,
+    },
+    /// The store handle was closed (pool shut down, watch ended with its
+    /// store). Create a new one.
+    #[error("store closed")]
+    Closed,
+    /// Any other backend failure, with the client library's error.
+    #[error("backend error: {source}")]
+    Backend {
+        /// The client library's error.
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same call may succeed (the backend was
+    /// unreachable, or an optimistic loop ran out of attempts).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable { .. }
+                | StoreError::Contention(_)
+                | StoreError::Indeterminate { .. }
+        )
+    }
+
+    /// Whether the error means a lease is gone (its holder must stop).
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, StoreError::LeaseNotFound { .. })
+    }
+}
