@@ -2,6 +2,7 @@
 //! delta equivalence, convergence of five replicas under delivery chaos
 //! (full states and deltas), and the codec on hostile input.
 
+use calm::occ::Versioned;
 use calm::testing::{Config, chaos, laws};
 use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
 
@@ -69,6 +70,7 @@ state_laws! {
     mv_register: MvRegister<u8>;
     or_map: OrMap<u8, PnCounter>;
     or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+    versioned: Versioned<u8>;
 }
 
 mod delta {

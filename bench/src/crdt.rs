@@ -18,7 +18,7 @@ use calm::causal::ReplicaId;
 use calm::{DeltaMerge, Merge, OrMap, OrSet, PnCounter, codec};
 use crdts::{CmRDT, CvRDT};
 
-use crate::harness::{Figure, Row, Side, compare};
+use crate::harness::{Figure, Row, Side, compare, time_row};
 use crate::rng::Rng;
 
 const REPLICAS: usize = 8;
@@ -205,12 +205,11 @@ fn pair<C, P>(
             },
         ),
     );
-    rows.push(row(
+    rows.push(time_row(
         name,
         "merge 8 divergent replicas",
         peer,
-        ours,
-        theirs_t,
+        (ours, theirs_t),
     ));
 
     let (ours, theirs_t) = compare(
@@ -234,12 +233,11 @@ fn pair<C, P>(
             },
         ),
     );
-    rows.push(row(
+    rows.push(time_row(
         name,
         "catch up with 7 replicas (calm: delta; peer: full state)",
         peer,
-        ours,
-        theirs_t,
+        (ours, theirs_t),
     ));
 
     rows.push(Row {
@@ -262,22 +260,6 @@ fn pair<C, P>(
         ours: Figure::Bytes(delta_bytes),
         theirs: Figure::Bytes(peer_state_bytes),
     });
-}
-
-fn row(
-    workload: &str,
-    metric: &str,
-    peer: &str,
-    ours: std::time::Duration,
-    theirs: std::time::Duration,
-) -> Row {
-    Row {
-        workload: workload.into(),
-        metric: metric.into(),
-        peer: peer.into(),
-        ours: Figure::Time(ours),
-        theirs: Figure::Time(theirs),
-    }
 }
 
 fn bincode_len<T: serde::Serialize>(v: &T) -> usize {

@@ -12,13 +12,11 @@ const ROUND: Duration = Duration::from_millis(30);
 /// Rounds per side; the median is reported.
 const ROUNDS: usize = 11;
 
-/// One prepared run: its input is built, calling it does the timed work.
-type Run<'a> = Box<dyn FnOnce() + 'a>;
-
-/// One side's routine: builds its inputs (untimed) and runs on them.
+/// One side of a comparison: given `n`, runs the routine `n` times and
+/// returns the time those runs took (any setup excluded).
 pub struct Side<'a> {
-    /// Prepares `n` runs for one round; not timed.
-    setup: Box<dyn FnMut(usize) -> Vec<Run<'a>> + 'a>,
+    /// Runs `n` times, returns the timed part.
+    run: Box<dyn FnMut(usize) -> Duration + 'a>,
 }
 
 impl<'a> Side<'a> {
@@ -26,51 +24,72 @@ impl<'a> Side<'a> {
     /// timed), `routine` consumes it (timed).
     pub fn batched<I: 'a, O>(
         mut setup: impl FnMut() -> I + 'a,
-        routine: impl Fn(I) -> O + Copy + 'a,
+        routine: impl Fn(I) -> O + 'a,
     ) -> Self {
         Self {
-            setup: Box::new(move |n| {
-                (0..n)
-                    .map(|_| {
-                        let input = setup();
-                        Box::new(move || {
-                            black_box(routine(black_box(input)));
-                        }) as Run<'a>
-                    })
-                    .collect()
+            run: Box::new(move |n| {
+                let inputs: Vec<I> = (0..n).map(|_| setup()).collect();
+                let start = Instant::now();
+                for input in inputs {
+                    black_box(routine(black_box(input)));
+                }
+                start.elapsed()
             }),
         }
     }
 
-    /// Runs `n` times and returns the time per run.
-    fn round(&mut self, n: usize) -> Duration {
-        let runs = (self.setup)(n);
-        let start = Instant::now();
-        for run in runs {
-            run();
+    /// A cheap routine timed in a tight loop, for operations of
+    /// nanoseconds.
+    pub fn looped<O>(mut routine: impl FnMut() -> O + 'a) -> Self {
+        Self {
+            run: Box::new(move |n| {
+                let start = Instant::now();
+                for _ in 0..n {
+                    black_box(routine());
+                }
+                start.elapsed()
+            }),
         }
-        start.elapsed() / n as u32
+    }
+
+    /// A routine that times itself: given `n`, it does `n` units of work
+    /// (across threads, say) and returns how long they took.
+    pub fn custom(run: impl FnMut(usize) -> Duration + 'a) -> Self {
+        Self { run: Box::new(run) }
+    }
+
+    /// Runs `n` times and returns the seconds per run.
+    fn round(&mut self, n: usize) -> f64 {
+        (self.run)(n).as_secs_f64() / n as f64
     }
 
     /// How many runs fill one round.
     fn calibrate(&mut self) -> usize {
         let mut n = 1;
         loop {
-            let t = self.round(n) * n as u32;
-            if t >= ROUND / 4 || n >= 1 << 20 {
-                let per = (t / n as u32).max(Duration::from_nanos(1));
-                return ((ROUND.as_nanos() / per.as_nanos()) as usize).clamp(1, 1 << 22);
+            let total = (self.run)(n);
+            if total >= ROUND / 4 || n >= 1 << 24 {
+                let per = total.as_secs_f64().max(1e-9) / n as f64;
+                return ((ROUND.as_secs_f64() / per) as usize).clamp(1, 1 << 26);
             }
             n *= 4;
         }
     }
 }
 
-/// The medians of two sides measured in alternating rounds.
-pub fn compare(mut ours: Side<'_>, mut theirs: Side<'_>) -> (Duration, Duration) {
+/// The median seconds per run of one side alone.
+pub fn measure(mut side: Side<'_>) -> f64 {
+    let n = side.calibrate();
+    let mut xs: Vec<f64> = (0..ROUNDS).map(|_| side.round(n)).collect();
+    median(&mut xs)
+}
+
+/// The medians (seconds per run) of two sides measured in alternating
+/// rounds.
+pub fn compare(mut ours: Side<'_>, mut theirs: Side<'_>) -> (f64, f64) {
     let (n_ours, n_theirs) = (ours.calibrate(), theirs.calibrate());
-    let mut a = Vec::with_capacity(ROUNDS);
-    let mut b = Vec::with_capacity(ROUNDS);
+    let mut a: Vec<f64> = Vec::with_capacity(ROUNDS);
+    let mut b: Vec<f64> = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         a.push(ours.round(n_ours));
         b.push(theirs.round(n_theirs));
@@ -78,8 +97,8 @@ pub fn compare(mut ours: Side<'_>, mut theirs: Side<'_>) -> (Duration, Duration)
     (median(&mut a), median(&mut b))
 }
 
-fn median(xs: &mut [Duration]) -> Duration {
-    xs.sort();
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
@@ -101,17 +120,21 @@ pub struct Row {
 /// A measured figure.
 #[derive(Debug, Clone, Copy)]
 pub enum Figure {
-    /// A time per operation.
-    Time(Duration),
+    /// A time per operation, in seconds.
+    Time(f64),
     /// A size in bytes.
     Bytes(usize),
+    /// A dimensionless factor.
+    Factor(f64),
 }
 
 impl Figure {
-    fn value(self) -> f64 {
+    /// The figure as a number (seconds or bytes).
+    pub fn value(self) -> f64 {
         match self {
-            Figure::Time(d) => d.as_secs_f64(),
+            Figure::Time(secs) => secs,
             Figure::Bytes(b) => b as f64,
+            Figure::Factor(x) => x,
         }
     }
 }
@@ -119,15 +142,12 @@ impl Figure {
 impl std::fmt::Display for Figure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
-            Figure::Time(d) if d >= Duration::from_millis(1) => {
-                write!(f, "{:.2} ms", d.as_secs_f64() * 1e3)
-            }
-            Figure::Time(d) if d >= Duration::from_micros(1) => {
-                write!(f, "{:.2} µs", d.as_secs_f64() * 1e6)
-            }
-            Figure::Time(d) => write!(f, "{} ns", d.as_nanos()),
+            Figure::Time(s) if s >= 1e-3 => write!(f, "{:.2} ms", s * 1e3),
+            Figure::Time(s) if s >= 1e-6 => write!(f, "{:.2} µs", s * 1e6),
+            Figure::Time(s) => write!(f, "{:.1} ns", s * 1e9),
             Figure::Bytes(b) if b >= 10_000 => write!(f, "{:.1} KiB", b as f64 / 1024.0),
             Figure::Bytes(b) => write!(f, "{b} B"),
+            Figure::Factor(x) => write!(f, "{x:.2}×"),
         }
     }
 }
@@ -137,6 +157,17 @@ impl Row {
     /// smaller.
     pub fn ratio(&self) -> f64 {
         self.ours.value() / self.theirs.value()
+    }
+}
+
+/// A row of two times (seconds per operation).
+pub fn time_row(workload: &str, metric: &str, peer: &str, (ours, theirs): (f64, f64)) -> Row {
+    Row {
+        workload: workload.into(),
+        metric: metric.into(),
+        peer: peer.into(),
+        ours: Figure::Time(ours),
+        theirs: Figure::Time(theirs),
     }
 }
 

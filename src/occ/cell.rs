@@ -115,7 +115,17 @@ impl<T> VersionedCell<T> {
     /// [`Conflict`] with the current version and your value if another
     /// write happened since `expected`. The cell is unchanged.
     pub fn compare_and_set(&self, expected: Version, value: T) -> Result<Version, Conflict<T>> {
-        let seen = self.current.load();
+        self.set_if_current(&self.current.load(), expected, value)
+    }
+
+    /// Installs `value` at `expected + 1` if the cell still holds `seen`
+    /// (which the caller loaded and expects to be at `expected`).
+    fn set_if_current(
+        &self,
+        seen: &Guard<Arc<Versioned<T>>>,
+        expected: Version,
+        value: T,
+    ) -> Result<Version, Conflict<T>> {
         if seen.version() != expected {
             return Err(Conflict {
                 current: seen.version(),
@@ -126,8 +136,8 @@ impl<T> VersionedCell<T> {
         // Installs `next` only if the pointer is still the one we read. The
         // guard `seen` keeps that allocation alive, so its address cannot
         // be reused by another write in between (no ABA).
-        let prev = self.current.compare_and_swap(&seen, Arc::clone(&next));
-        if Arc::ptr_eq(&prev, &seen) {
+        let prev = self.current.compare_and_swap(seen, Arc::clone(&next));
+        if Arc::ptr_eq(&prev, seen) {
             return Ok(expected.next());
         }
         let current = prev.version();
@@ -167,11 +177,9 @@ impl<T> VersionedCell<T> {
         mut f: impl FnMut(&T) -> T,
     ) -> Result<Version, RetryExhausted> {
         for attempt in 0..policy.max_attempts() {
-            let seen = self.load();
+            let seen = self.current.load();
             let next = f(seen.value());
-            let expected = seen.version();
-            drop(seen);
-            match self.compare_and_set(expected, next) {
+            match self.set_if_current(&seen, seen.version(), next) {
                 Ok(v) => return Ok(v),
                 Err(_) if attempt + 1 < policy.max_attempts() => policy.sleep_blocking(attempt),
                 Err(_) => {}

@@ -135,6 +135,14 @@ pub struct RetryExhausted {
     pub attempts: u32,
 }
 
+impl RetryExhausted {
+    /// Reports that `attempts` attempts all conflicted (for your own
+    /// retry loops).
+    pub const fn new(attempts: u32) -> Self {
+        Self { attempts }
+    }
+}
+
 thread_local! {
     /// Per-thread xorshift state for jitter; seeded from the standard
     /// library's random hash keys so threads and processes differ.

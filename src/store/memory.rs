@@ -148,6 +148,9 @@ struct State {
     history: VecDeque<WatchEvent>,
     /// Every revision up to this one has been dropped from `history`.
     compacted: u64,
+    /// No lease ends before this (a lower bound: renewals only move
+    /// deadlines later, so it stays valid until the next scan).
+    earliest_deadline: Duration,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -257,8 +260,17 @@ impl State {
         true
     }
 
-    /// Ends every lease whose deadline has passed, oldest deadline first.
-    fn expire(&mut self, now: Duration, limit: usize) -> bool {
+    /// Ends every lease whose deadline has passed by `clock`, oldest
+    /// deadline first. Reads the clock and scans only when a deadline may
+    /// have passed, so stores without leases pay nothing.
+    fn expire(&mut self, clock: &dyn Clock, limit: usize) -> bool {
+        if self.leases.is_empty() {
+            return false;
+        }
+        let now = clock.now();
+        if now < self.earliest_deadline {
+            return false;
+        }
         let mut due: Vec<(Duration, i64)> = self
             .leases
             .iter()
@@ -270,6 +282,12 @@ impl State {
         for (_, id) in due {
             moved |= self.end_lease(id, limit);
         }
+        self.earliest_deadline = self
+            .leases
+            .values()
+            .map(|l| l.deadline)
+            .min()
+            .unwrap_or(Duration::MAX);
         moved
     }
 
@@ -306,6 +324,7 @@ impl MemoryStore {
                     next_lease: 1,
                     history: VecDeque::new(),
                     compacted: 0,
+                    earliest_deadline: Duration::MAX,
                 }),
                 clock: options.clock,
                 changed: Notify::new(),
@@ -328,7 +347,7 @@ impl MemoryStore {
         let (out, moved) = {
             let mut st = lock(&self.shared.state);
             let before = st.revision;
-            st.expire(self.shared.clock.now(), limit);
+            st.expire(&*self.shared.clock, limit);
             let out = f(&mut st, limit);
             (out, st.revision != before)
         };
@@ -458,6 +477,7 @@ impl MemoryStore {
         let id = self.with_state(|st, _| {
             let id = st.next_lease;
             st.next_lease += 1;
+            st.earliest_deadline = st.earliest_deadline.min(deadline);
             st.leases.insert(
                 id,
                 LeaseState {
@@ -550,7 +570,7 @@ async fn reaper(store: Weak<Shared>, leases_changed: Arc<Notify>) {
             let limit = shared.history_limit;
             let (moved, next) = {
                 let mut st = lock(&shared.state);
-                let moved = st.expire(shared.clock.now(), limit);
+                let moved = st.expire(&*shared.clock, limit);
                 (moved, st.leases.values().map(|l| l.deadline).min())
             };
             if moved {
@@ -678,7 +698,7 @@ impl MemoryWatch {
     fn fill(&mut self) -> Result<(), StoreError> {
         let shared = &self.store.shared;
         let mut st = lock(&shared.state);
-        if st.expire(shared.clock.now(), shared.history_limit) {
+        if st.expire(&*shared.clock, shared.history_limit) {
             // Wake other watchers too; we hold the lock, so they wait
             // until we are done reading.
             shared.changed.notify_waiters();

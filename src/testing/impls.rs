@@ -7,6 +7,7 @@ use proptest::prelude::*;
 
 use super::RandomOps;
 use crate::causal::ReplicaId;
+use crate::occ::Versioned;
 use crate::{GCounter, GSet, LwwRegister, Merge, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
 
 /// A random update of a set.
@@ -162,5 +163,16 @@ where
                 self.remove(k);
             }
         }
+    }
+}
+
+impl<T: Arbitrary + Ord + Clone + Debug + Default + 'static> RandomOps for Versioned<T> {
+    /// A write of this value at the next version.
+    type Op = T;
+    fn op_strategy() -> BoxedStrategy<T> {
+        any::<T>().boxed()
+    }
+    fn apply(&mut self, _: ReplicaId, op: &T) {
+        *self = Versioned::new(self.version().next(), op.clone());
     }
 }
