@@ -74,6 +74,7 @@
 
 pub mod causal;
 pub mod codec;
+pub mod coord;
 pub mod counter;
 mod error;
 pub mod map;
