@@ -71,6 +71,7 @@ use crate::merge::Merge;
 
 pub mod chaos;
 pub mod conformance;
+pub mod faults;
 mod impls;
 pub mod laws;
 pub mod linearizability;
