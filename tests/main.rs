@@ -2,6 +2,7 @@
 
 mod codec;
 mod common;
+mod coord;
 mod harness;
 mod laws;
 mod serde_input;
