@@ -75,6 +75,7 @@ pub mod faults;
 mod impls;
 pub mod laws;
 pub mod linearizability;
+pub mod servers;
 
 pub use impls::{MapOp, SetOp};
 

@@ -1,0 +1,489 @@
+//! Real PostgreSQL and etcd servers for tests: started on free loopback
+//! ports in temporary directories, stopped on drop.
+//!
+//! Tests never assume a running server. They call [`PostgresServer::start`]
+//! or [`EtcdServer::start`], which start one from the installed binaries
+//! (Debian's `postgresql` gives `initdb` and `postgres`, `etcd-server`
+//! gives `etcd`), or use `CALM_POSTGRES_URL` / `CALM_ETCD_ENDPOINTS` when
+//! those are set. When the binaries are missing, [`ServerError::Missing`]
+//! is returned; [`skip_or_fail`] turns that into a loud skip, or a failure
+//! when `CALM_REQUIRE_SERVERS=1` (as CI sets).
+//!
+//! A server is a child process, so fault tests can pause it
+//! ([`ServerProcess::stop_signal`]), kill it and restart it on the same
+//! data and port.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Why a server could not be provided.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The server's binary is not installed.
+    #[error("{binary} not found (install Debian's {package}, or set {env})")]
+    Missing {
+        /// The binary looked for.
+        binary: &'static str,
+        /// The Debian package that provides it.
+        package: &'static str,
+        /// The environment variable that points at an existing server.
+        env: &'static str,
+    },
+    /// Starting or preparing the server failed.
+    #[error("starting {what} failed: {source}")]
+    Start {
+        /// What was being done.
+        what: &'static str,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The server did not accept connections in time.
+    #[error("{what} did not become ready within {0:?}", .timeout)]
+    NotReady {
+        /// Which server.
+        what: &'static str,
+        /// How long we waited.
+        timeout: Duration,
+    },
+}
+
+/// Whether tests must fail, not skip, when a server is unavailable.
+pub fn servers_required() -> bool {
+    std::env::var("CALM_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+/// Turns a missing server into a loud skip (`None`), or a panic when
+/// servers are required; other errors always panic.
+///
+/// # Panics
+///
+/// When the server cannot be provided and `CALM_REQUIRE_SERVERS=1`, or
+/// when it exists but fails to start.
+#[track_caller]
+pub fn skip_or_fail<T>(r: Result<T, ServerError>) -> Option<T> {
+    match r {
+        Ok(t) => Some(t),
+        Err(e @ ServerError::Missing { .. }) if !servers_required() => {
+            eprintln!("SKIPPED (server unavailable): {e}");
+            None
+        }
+        Err(e) => panic!("server unavailable: {e}"),
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the caller binds it
+/// next, which can race with another process but rarely does).
+fn free_port() -> Result<u16, ServerError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| ServerError::Start {
+        what: "finding a free port",
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| ServerError::Start {
+            what: "finding a free port",
+            source,
+        })
+}
+
+/// A fresh directory under the system temp dir.
+fn temp_dir(tag: &str) -> Result<PathBuf, ServerError> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "calm-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|source| ServerError::Start {
+        what: "creating a temp dir",
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// Finds a binary on `PATH` or in the given extra directories.
+fn find(binary: &str, extra: &[PathBuf]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra.iter().cloned())
+        .map(|d| d.join(binary))
+        .find(|p| p.is_file())
+}
+
+/// Waits until `port` accepts TCP connections.
+fn wait_port(port: u16, what: &'static str, timeout: Duration) -> Result<(), ServerError> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(ServerError::NotReady { what, timeout })
+}
+
+/// A server running as a child process.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// The child's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends a signal by name (`"STOP"`, `"CONT"`, `"KILL"`, `"TERM"`) with
+    /// the `kill` command.
+    pub fn stop_signal(&self, signal: &str) -> std::io::Result<()> {
+        if let Some(pid) = self.pid() {
+            Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string())
+                .status()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The uid and gid to run PostgreSQL as when we are root (it refuses to
+/// run as root): the `postgres` user Debian's package creates, else
+/// `nobody`.
+fn unprivileged_ids() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    let find_user = |name: &str| {
+        passwd.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&name))
+                .then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+        })
+    };
+    find_user("postgres").or_else(|| find_user("nobody"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn chown_tree(path: &Path, uid: u32, gid: u32) -> Result<(), ServerError> {
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{gid}"))
+        .arg(path)
+        .status()
+        .map_err(|source| ServerError::Start {
+            what: "chown",
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(ServerError::Start {
+            what: "chown",
+            source: std::io::Error::other("chown failed"),
+        })
+    }
+}
+
+/// A PostgreSQL server for tests.
+#[derive(Debug)]
+pub struct PostgresServer {
+    /// `None` when `CALM_POSTGRES_URL` points at an existing server.
+    process: Option<ServerProcess>,
+    dir: Option<PathBuf>,
+    port: u16,
+    url: String,
+    binary: Option<PathBuf>,
+    ids: Option<(u32, u32)>,
+}
+
+impl PostgresServer {
+    /// Starts a fresh server (or uses `CALM_POSTGRES_URL`).
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::Missing`] if PostgreSQL is not installed, or an error
+    /// starting it.
+    pub fn start() -> Result<Self, ServerError> {
+        if let Ok(url) = std::env::var("CALM_POSTGRES_URL") {
+            return Ok(Self {
+                process: None,
+                dir: None,
+                port: 0,
+                url,
+                binary: None,
+                ids: None,
+            });
+        }
+        let versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.path().join("bin"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let missing = ServerError::Missing {
+            binary: "initdb/postgres",
+            package: "postgresql",
+            env: "CALM_POSTGRES_URL",
+        };
+        let initdb = find("initdb", &versions).ok_or(missing)?;
+        let postgres = initdb.with_file_name("postgres");
+        let dir = temp_dir("pg")?;
+        let ids = if is_root() { unprivileged_ids() } else { None };
+        if let Some((uid, gid)) = ids {
+            chown_tree(&dir, uid, gid)?;
+        }
+        let mut init = Command::new(&initdb);
+        init.args(["-D"])
+            .arg(dir.join("data"))
+            .args(["-U", "calm", "-A", "trust", "-E", "UTF8", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_user(&mut init, ids);
+        let out = init.output().map_err(|source| ServerError::Start {
+            what: "initdb",
+            source,
+        })?;
+        if !out.status.success() {
+            return Err(ServerError::Start {
+                what: "initdb",
+                source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            });
+        }
+        let port = free_port()?;
+        let mut server = Self {
+            process: None,
+            url: format!("host=127.0.0.1 port={port} user=calm dbname=postgres connect_timeout=5"),
+            dir: Some(dir),
+            port,
+            binary: Some(postgres),
+            ids,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<(), ServerError> {
+        let (Some(dir), Some(bin)) = (&self.dir, &self.binary) else {
+            return Ok(());
+        };
+        let mut cmd = Command::new(bin);
+        cmd.arg("-D")
+            .arg(dir.join("data"))
+            .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
+            .arg(dir)
+            // The OS keeps written pages when the server process is killed,
+            // which is the fault these tests inject; skipping fsync only
+            // risks data on a machine crash.
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        as_user(&mut cmd, self.ids);
+        let child = cmd.spawn().map_err(|source| ServerError::Start {
+            what: "postgres",
+            source,
+        })?;
+        self.process = Some(ServerProcess { child: Some(child) });
+        wait_port(self.port, "postgres", Duration::from_secs(30))?;
+        // The port opens a moment before the server accepts queries.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    }
+
+    /// The connection string.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The server process (`None` for an external server).
+    pub fn process(&self) -> Option<&ServerProcess> {
+        self.process.as_ref()
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(p) = &mut self.process {
+            p.kill();
+        }
+    }
+
+    /// Starts the server again on the same data and port.
+    ///
+    /// # Errors
+    ///
+    /// An error starting it.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        // A killed postmaster leaves its pid file; remove it so the new one
+        // starts (its children die with it).
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_file(dir.join("data").join("postmaster.pid"));
+        }
+        self.launch()
+    }
+}
+
+fn as_user(cmd: &mut Command, ids: Option<(u32, u32)>) {
+    use std::os::unix::process::CommandExt;
+    if let Some((uid, gid)) = ids {
+        cmd.uid(uid).gid(gid);
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// An etcd server for tests.
+#[derive(Debug)]
+pub struct EtcdServer {
+    process: Option<ServerProcess>,
+    dir: Option<PathBuf>,
+    endpoints: Vec<String>,
+    ports: (u16, u16),
+    binary: Option<PathBuf>,
+}
+
+impl EtcdServer {
+    /// Starts a fresh single-node server (or uses `CALM_ETCD_ENDPOINTS`,
+    /// comma-separated).
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::Missing`] if etcd is not installed, or an error
+    /// starting it.
+    pub fn start() -> Result<Self, ServerError> {
+        if let Ok(eps) = std::env::var("CALM_ETCD_ENDPOINTS") {
+            return Ok(Self {
+                process: None,
+                dir: None,
+                endpoints: eps.split(',').map(str::to_owned).collect(),
+                ports: (0, 0),
+                binary: None,
+            });
+        }
+        let binary = find("etcd", &[]).ok_or(ServerError::Missing {
+            binary: "etcd",
+            package: "etcd-server",
+            env: "CALM_ETCD_ENDPOINTS",
+        })?;
+        let dir = temp_dir("etcd")?;
+        let ports = (free_port()?, free_port()?);
+        let mut server = Self {
+            process: None,
+            dir: Some(dir),
+            endpoints: vec![format!("http://127.0.0.1:{}", ports.0)],
+            ports,
+            binary: Some(binary),
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<(), ServerError> {
+        let (Some(dir), Some(bin)) = (&self.dir, &self.binary) else {
+            return Ok(());
+        };
+        let client = format!("http://127.0.0.1:{}", self.ports.0);
+        let peer = format!("http://127.0.0.1:{}", self.ports.1);
+        let child = Command::new(bin)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--name", "calm"])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("calm={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ServerError::Start {
+                what: "etcd",
+                source,
+            })?;
+        self.process = Some(ServerProcess { child: Some(child) });
+        wait_port(self.ports.0, "etcd", Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    }
+
+    /// The client endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The server process (`None` for an external server).
+    pub fn process(&self) -> Option<&ServerProcess> {
+        self.process.as_ref()
+    }
+
+    /// Kills the server with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(p) = &mut self.process {
+            p.kill();
+        }
+    }
+
+    /// Starts the server again on the same data and ports.
+    ///
+    /// # Errors
+    ///
+    /// An error starting it.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        self.launch()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
