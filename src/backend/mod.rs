@@ -6,5 +6,7 @@
 //! ([`testing::conformance`](crate::testing)), so every recipe in
 //! [`coord`](crate::coord) runs on them unchanged.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "postgres")]
 pub mod postgres;

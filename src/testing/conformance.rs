@@ -513,12 +513,10 @@ pub async fn invalid_input<S: Store>(c: &Case<S>) -> CheckResult {
         "zero ttl accepted"
     );
     let stale = crate::store::LeaseId::new(i64::MAX - 7);
+    let kept = c.store.keep_alive(stale).await;
     ensure!(
-        matches!(
-            c.store.keep_alive(stale).await,
-            Err(StoreError::LeaseNotFound { .. })
-        ),
-        "unknown lease kept alive"
+        matches!(kept, Err(StoreError::LeaseNotFound { .. })),
+        "unknown lease kept alive: {kept:?}"
     );
     ensure!(
         matches!(
