@@ -4,7 +4,7 @@
 //! a loud skip, or a failure under `CALM_REQUIRE_SERVERS=1`.
 
 #[cfg(feature = "postgres")]
-mod postgres {
+pub(crate) mod postgres {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
@@ -38,7 +38,7 @@ mod postgres {
     }
 
     /// Connects, retrying while a just-started server warms up.
-    pub(super) async fn connect(options: PostgresOptions) -> PostgresStore {
+    pub(crate) async fn connect(options: PostgresOptions) -> PostgresStore {
         let mut last = None;
         for _ in 0..50 {
             match PostgresStore::connect_with(options.clone()).await {
@@ -68,10 +68,82 @@ mod postgres {
             eprintln!("postgres conformance {name}: ok in {:?}", started.elapsed());
         }
     }
+
+    /// Fencing, election, lock, idempotency and ownership on PostgreSQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recipes() {
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("recipes")).await;
+        crate::faults::recipes(store, "recipes/", Duration::from_secs(1)).await;
+    }
+
+    /// A leader process frozen with SIGSTOP is fenced out on PostgreSQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigstop_leader_is_fenced() {
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("fault")).await;
+        crate::faults::sigstop_leader_is_fenced(
+            store,
+            "postgres",
+            server.url(),
+            "sigstop/",
+            Duration::from_secs(1),
+        )
+        .await;
+    }
+
+    /// Killing and restarting PostgreSQL loses no acknowledged transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn txns_survive_a_server_kill() {
+        let Some(mut server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        if server.process().is_none() {
+            eprintln!("SKIPPED: an external server (CALM_POSTGRES_URL) cannot be killed");
+            return;
+        }
+        let store = connect(PostgresOptions::new(server.url()).with_schema("kill")).await;
+        let server = std::sync::Mutex::new(&mut server);
+        crate::faults::txns_survive_a_server_kill(
+            store.clone(),
+            "kill/",
+            || server.lock().unwrap().kill(),
+            || server.lock().unwrap().restart().unwrap(),
+        )
+        .await;
+    }
+
+    /// A closed pool gives `Closed`; oversized input gives typed errors and
+    /// changes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closed_pool_and_bad_input() {
+        use calm::store::{PutOptions, Store, StoreError};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("bad")).await;
+        let _ = store.put(b"k", b"v", PutOptions::new()).await.unwrap();
+        let big = vec![0u8; calm::store::MAX_VALUE_LEN + 1];
+        assert!(matches!(
+            store.put(b"k", &big, PutOptions::new()).await,
+            Err(StoreError::ValueTooLarge { .. })
+        ));
+        assert_eq!(store.get(b"k").await.unwrap().unwrap().value, b"v");
+        store.close();
+        assert!(matches!(store.get(b"k").await, Err(StoreError::Closed)));
+        assert!(matches!(
+            store.put(b"k", b"w", PutOptions::new()).await,
+            Err(StoreError::Closed)
+        ));
+    }
 }
 
 #[cfg(feature = "etcd")]
-mod etcd {
+pub(crate) mod etcd {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
@@ -103,7 +175,7 @@ mod etcd {
     }
 
     /// Connects, retrying while a just-started server warms up.
-    pub(super) async fn connect(endpoints: &[String]) -> EtcdStore {
+    pub(crate) async fn connect(endpoints: &[String]) -> EtcdStore {
         let mut last = None;
         for _ in 0..50 {
             match EtcdStore::connect(endpoints).await {
@@ -135,5 +207,54 @@ mod etcd {
             check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
             eprintln!("etcd conformance {name}: ok in {:?}", started.elapsed());
         }
+    }
+
+    /// Fencing, election, lock, idempotency and ownership on etcd.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn recipes() {
+        let Some(server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        let store = connect(server.endpoints()).await;
+        crate::faults::recipes(store, "recipes/", Duration::from_secs(2)).await;
+    }
+
+    /// A leader process frozen with SIGSTOP is fenced out on etcd.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigstop_leader_is_fenced() {
+        let Some(server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        let store = connect(server.endpoints()).await;
+        let target = server.endpoints()[0].clone();
+        crate::faults::sigstop_leader_is_fenced(
+            store,
+            "etcd",
+            &target,
+            "sigstop/",
+            Duration::from_secs(2),
+        )
+        .await;
+    }
+
+    /// Killing and restarting etcd loses no acknowledged transaction.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn txns_survive_a_server_kill() {
+        let Some(mut server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        if server.process().is_none() {
+            eprintln!("SKIPPED: an external server (CALM_ETCD_ENDPOINTS) cannot be killed");
+            return;
+        }
+        let store = connect(server.endpoints()).await;
+        let server = std::sync::Mutex::new(&mut server);
+        crate::faults::txns_survive_a_server_kill(
+            store.clone(),
+            "kill/",
+            || server.lock().unwrap().kill(),
+            || server.lock().unwrap().restart().unwrap(),
+        )
+        .await;
     }
 }

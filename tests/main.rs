@@ -4,6 +4,8 @@ mod backends;
 mod codec;
 mod common;
 mod coord;
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+mod faults;
 mod harness;
 mod laws;
 mod serde_input;
