@@ -461,6 +461,24 @@ pub(crate) mod tags {
     pub(crate) const MV_REGISTER: u8 = 9;
     pub(crate) const OR_MAP: u8 = 10;
     pub(crate) const VERSIONED: u8 = 11;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_G_COUNTER: u8 = 40;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_PN_COUNTER: u8 = 41;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_G_SET: u8 = 42;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_VCLOCK: u8 = 43;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_ORSWOT: u8 = 44;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_MV_REG: u8 = 45;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_LWW_REG: u8 = 46;
+    #[cfg(feature = "crdts")]
+    pub(crate) const CRDTS_MAP: u8 = 47;
+    #[cfg(feature = "automerge")]
+    pub(crate) const AUTOMERGE: u8 = 50;
 }
 
 macro_rules! unsigned_codec {

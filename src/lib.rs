@@ -72,6 +72,8 @@
 #![deny(unsafe_code)]
 #![warn(unreachable_pub)]
 
+#[cfg(any(feature = "crdts", feature = "automerge"))]
+pub mod adapt;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 pub mod backend;
 pub mod causal;

@@ -1,5 +1,6 @@
 //! calm's integration tests: one binary, modules mirroring `src/`.
 
+mod adapt;
 mod backends;
 mod codec;
 mod common;
