@@ -2,6 +2,7 @@
 
 mod codec;
 mod common;
+mod coord_idempotent;
 mod harness;
 mod laws;
 mod serde_input;
