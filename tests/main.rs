@@ -3,6 +3,7 @@
 mod codec;
 mod common;
 mod coord_idempotent;
+mod coord_ownership;
 mod harness;
 mod laws;
 mod serde_input;
