@@ -210,7 +210,8 @@ impl Runner {
 
 /// A runner paused past its claim's lease is taken over by the next caller
 /// with a higher token; when it resumes, its fenced write and its recording
-/// are both refused, and repeats get the taker's outcome.
+/// are both refused, leaving the store unchanged, and repeats get the
+/// taker's outcome.
 #[tokio::test]
 async fn crashed_runner_is_taken_over_and_fenced() {
     let (clock, store, opts) = world();
@@ -237,9 +238,15 @@ async fn crashed_runner_is_taken_over_and_fenced() {
     assert_eq!((b_done.value, b_done.token), (2, b_token));
     assert!(run_b.admitted());
 
+    let before = store.revision().await.expect("revision");
     a.resume();
     let a_done = (&mut run_a.task).await.expect("joins");
     assert!(run_a.refused(a_token, b_token), "A's write is fenced");
+    assert_eq!(
+        store.revision().await.expect("revision"),
+        before,
+        "A wrote nothing"
+    );
     match a_done {
         Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (a_token, b_token)),
         other => panic!("A's recording must be fenced, got {other:?}"),

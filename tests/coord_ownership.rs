@@ -223,7 +223,8 @@ async fn membership_follows_leases() {
 
 /// The seed scenario for ownership: the old owner of a key decides to
 /// write on its view, pauses, loses its membership; the new owner writes
-/// with its newer view's token; the old owner's late write is refused.
+/// with its newer view's token; the old owner's late write is refused and
+/// leaves the store unchanged.
 #[tokio::test]
 async fn stale_owner_is_fenced_by_the_new_views_token() {
     let (clock, store, opts) = world();
@@ -264,6 +265,7 @@ async fn stale_owner_is_fenced_by_the_new_views_token() {
         .await
         .expect("b writes");
 
+    let before = store.revision().await.expect("revision");
     a_store.resume();
     match late.await.expect("joins") {
         Err(CoordError::Fenced(f)) => {
@@ -273,6 +275,11 @@ async fn stale_owner_is_fenced_by_the_new_views_token() {
     }
     let kv = store.get(&key).await.expect("get").expect("written");
     assert_eq!(kv.value, b"from b");
+    assert_eq!(
+        store.revision().await.expect("revision"),
+        before,
+        "refused: no write"
+    );
 }
 
 /// Empty prefix, empty or oversized name, a lost lease (known to the store
