@@ -5,6 +5,8 @@ mod backends;
 mod codec;
 mod common;
 mod coord;
+mod coord_idempotent;
+mod coord_ownership;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod faults;
 mod harness;

@@ -1,7 +1,9 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
-//! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`, `occ`.
+//! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`, `occ`,
+//! `coord`.
 
+mod coord;
 mod crdt;
 mod harness;
 mod occ;
@@ -12,8 +14,9 @@ fn main() {
     let rows = match suite.as_str() {
         "crdt" => crdt::run(),
         "occ" => occ::run(),
+        "coord" => coord::run(),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt, occ");
+            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord");
             std::process::exit(2);
         }
     };

@@ -8,7 +8,9 @@ use super::lease::LeaseOptions;
 use super::queue::check_prefix;
 use super::{CoordError, Fenced, FencingToken, Lease};
 use crate::occ::Version;
-use crate::store::{EventKind, Expect, KeySpan, PutOptions, Store, Watch, WriteOutcome, check_key};
+use crate::store::{
+    EventKind, Expect, KeySpan, LeaseId, PutOptions, Store, Watch, WriteOutcome, check_key,
+};
 
 /// What a claim record under an idempotency key says.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,7 +58,9 @@ pub struct Completed<T> {
 /// 4. if the runner crashes, its lease expires, the claim vanishes, and the
 ///    next caller takes over with a **higher** token; if the old runner
 ///    wakes up, its recording is refused ([`CoordError::Fenced`]) and its
-///    token is refused at the resource.
+///    token is refused at the resource. A runner whose claim expired is
+///    never allowed to record, even into an empty key
+///    ([`CoordError::LeaseLost`]): a newer claim may have come and gone.
 ///
 /// Among the outcomes that were successfully recorded there is exactly one
 /// per key.
@@ -132,6 +136,9 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
     ///
     /// [`CoordError::Fenced`] if this call's claim expired while `op` ran
     /// and another caller took over (its outcome was not recorded);
+    /// [`CoordError::LeaseLost`] if this call's claim expired while `op`
+    /// ran and the key is empty (its outcome was not recorded: a newer
+    /// claim may have come and gone);
     /// [`CoordError::InvalidName`] for an empty or oversized key;
     /// [`CoordError::Record`] if the recorded outcome is not a `T`; a store
     /// error.
@@ -195,7 +202,7 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
                         token: token.get(),
                         outcome: serde_json::to_value(&value)?,
                     })?;
-                    let recorded = self.record(&k, &done, revision, token).await;
+                    let recorded = self.record(&k, &done, revision, token, lease.id()).await;
                     lease.revoke().await?;
                     return recorded.map(|()| Completed {
                         value,
@@ -208,34 +215,34 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
     }
 
     /// Records the outcome without a lease (the record outlives the
-    /// claim), only if our claim is still the key's value, or, if the claim
-    /// expired and nobody took over, if the key is still absent.
+    /// claim), only if our claim is still the key's value.
+    ///
+    /// Once our claim is gone (its lease ended) another caller may have
+    /// claimed the key with a higher token and written at the resource,
+    /// and its claim may be gone by now too: an empty key does not mean
+    /// that nobody took over, so recording into it could store an outcome
+    /// the resource has fenced out. Refuse instead.
     async fn record(
         &self,
         key: &[u8],
         done: &[u8],
         claim: Version,
         token: FencingToken,
+        lease: LeaseId,
     ) -> Result<(), CoordError> {
-        let mut expect = Expect::Version(claim);
-        loop {
-            match self
-                .store
-                .put(key, done, PutOptions::new().with_expect(expect))
-                .await?
-            {
-                WriteOutcome::Committed { .. } => return Ok(()),
-                WriteOutcome::Conflict { current: None } if expect != Expect::Absent => {
-                    expect = Expect::Absent
-                }
-                WriteOutcome::Conflict { current } => {
-                    // Another caller claimed the key after ours expired: its
-                    // claim, and token, are newer.
-                    let highest =
-                        current.map_or(token, |kv| FencingToken::from(kv.create_revision));
-                    return Err(Fenced::new(token, highest).into());
-                }
+        let expect = Expect::Version(claim);
+        match self
+            .store
+            .put(key, done, PutOptions::new().with_expect(expect))
+            .await?
+        {
+            WriteOutcome::Committed { .. } => Ok(()),
+            // Another caller claimed the key after ours expired: its claim,
+            // and token, are newer.
+            WriteOutcome::Conflict { current: Some(kv) } => {
+                Err(Fenced::new(token, FencingToken::from(kv.create_revision)).into())
             }
+            WriteOutcome::Conflict { current: None } => Err(CoordError::LeaseLost { lease }),
         }
     }
 
