@@ -115,6 +115,16 @@ impl Fence {
     ///
     /// [`Fenced`] naming both tokens if a higher one was already admitted.
     pub fn check(&self, token: FencingToken) -> Result<(), Fenced> {
+        // The common cases need no read-modify-write: the holder presenting
+        // the current token again, or a stale token. Acquire pairs with the
+        // release half of the fetch_max below that admitted the token.
+        let seen = self.highest.load(Ordering::Acquire);
+        if token.0 == seen {
+            return Ok(());
+        }
+        if token.0 < seen {
+            return Err(Fenced::new(token, FencingToken(seen)));
+        }
         // AcqRel: admitting a token happens-after every earlier admission,
         // so a writer that passes sees the effects of the writers before it.
         let prev = self.highest.fetch_max(token.0, Ordering::AcqRel);

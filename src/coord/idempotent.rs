@@ -115,9 +115,9 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
     ) -> Result<Self, CoordError> {
         let prefix = prefix.into();
         check_prefix(&prefix)?;
-        if lease.ttl.is_zero() {
+        if lease.ttl.is_zero() || lease.ttl > super::MAX_TTL {
             return Err(CoordError::InvalidTtl {
-                reason: "a claim needs a positive time to live",
+                reason: "a claim needs a time to live above zero and at most MAX_TTL",
             });
         }
         Ok(Self {
@@ -139,7 +139,8 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
     /// [`CoordError::LeaseLost`] if this call's claim expired while `op`
     /// ran and the key is empty (its outcome was not recorded: a newer
     /// claim may have come and gone);
-    /// [`CoordError::InvalidName`] for an empty or oversized key;
+    /// [`CoordError::InvalidName`] for an empty key, [`CoordError::Store`]
+    /// with an invalid-key error for an oversized one;
     /// [`CoordError::Record`] if the recorded outcome is not a `T`; a store
     /// error.
     ///
@@ -203,7 +204,9 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
                         outcome: serde_json::to_value(&value)?,
                     })?;
                     let recorded = self.record(&k, &done, revision, token, lease.id()).await;
-                    lease.revoke().await?;
+                    // The record no longer hangs on the lease; if revoking
+                    // fails, the lease just expires, and the outcome stands.
+                    let _ = lease.revoke().await;
                     return recorded.map(|()| Completed {
                         value,
                         ran_here: true,
