@@ -25,23 +25,23 @@ const REPLICAS: usize = 8;
 const PER_REPLICA: u64 = 1_250;
 const DIVERGE: u64 = 125;
 
-type Orswot = crdts::Orswot<u64, u64>;
+pub(crate) type Orswot = crdts::Orswot<u64, u64>;
 type CMap = crdts::Map<u64, crdts::PNCounter<u64>, u64>;
 
 /// One element-level edit of the workload, replayed on both libraries.
 #[derive(Clone, Copy)]
-enum Edit {
+pub(crate) enum Edit {
     Insert(u64),
     Remove(u64),
 }
 
 /// The edits of each replica in the synced phase and the divergent phase.
-struct Workload {
+pub(crate) struct Workload {
     initial: Vec<Vec<Edit>>,
     divergent: Vec<Vec<Edit>>,
 }
 
-fn workload() -> Workload {
+pub(crate) fn workload() -> Workload {
     let mut rng = Rng::new(7);
     let initial = (0..REPLICAS as u64)
         .map(|r| {
@@ -67,7 +67,7 @@ fn workload() -> Workload {
 /// Replays the workload on any library: `apply` does one edit as replica
 /// `r`, `merge` folds one state into another. Returns the synced state and
 /// the 8 divergent states.
-fn replay<S: Clone + Default>(
+pub(crate) fn replay<S: Clone + Default>(
     w: &Workload,
     apply: impl Fn(&mut S, u64, Edit),
     merge: impl Fn(&mut S, &S),
@@ -95,7 +95,7 @@ fn replay<S: Clone + Default>(
     (synced, divergent)
 }
 
-fn calm_set(s: &mut OrSet<u64>, r: u64, e: Edit) {
+pub(crate) fn calm_set(s: &mut OrSet<u64>, r: u64, e: Edit) {
     match e {
         Edit::Insert(x) => {
             s.insert(ReplicaId::new(r), x);
@@ -106,7 +106,7 @@ fn calm_set(s: &mut OrSet<u64>, r: u64, e: Edit) {
     }
 }
 
-fn peer_set(s: &mut Orswot, r: u64, e: Edit) {
+pub(crate) fn peer_set(s: &mut Orswot, r: u64, e: Edit) {
     match e {
         Edit::Insert(x) => {
             let ctx = s.read_ctx().derive_add_ctx(r);
@@ -276,7 +276,7 @@ pub fn run() -> Vec<Row> {
         "OrSet<u64>, 10k elements, 8 replicas, 10% removes",
         "crdts::Orswot",
         replay(&w, calm_set, |a: &mut OrSet<u64>, b| a.merge(b)),
-        replay(&w, peer_set, |a: &mut Orswot, b| a.merge(b.clone())),
+        replay(&w, peer_set, |a: &mut Orswot, b| CvRDT::merge(a, b.clone())),
         |c, p| {
             let mut theirs: Vec<u64> = p.read().val.into_iter().collect();
             theirs.sort_unstable();
@@ -290,7 +290,7 @@ pub fn run() -> Vec<Row> {
         "OrMap<u64, PnCounter>, 10k keys, 8 replicas, 10% removes",
         "crdts::Map<_, PNCounter>",
         replay(&w, calm_map, |a: &mut OrMap<u64, PnCounter>, b| a.merge(b)),
-        replay(&w, peer_map, |a: &mut CMap, b| a.merge(b.clone())),
+        replay(&w, peer_map, |a: &mut CMap, b| CvRDT::merge(a, b.clone())),
         |c, p| {
             let keys: Vec<u64> = p.keys().map(|k| *k.val).collect();
             c.len() == keys.len() && keys.iter().all(|k| c.contains_key(k))
@@ -335,7 +335,7 @@ pub fn run() -> Vec<Row> {
                 Edit::Insert(_) => c.apply(c.inc(r)),
                 Edit::Remove(_) => c.apply(c.dec(r)),
             },
-            |a, b| a.merge(b.clone()),
+            |a: &mut crdts::PNCounter<u64>, b| CvRDT::merge(a, b.clone()),
         ),
         |c, p| p.read() == num_bigint::BigInt::from(c.value()),
         bincode_len,

@@ -1,8 +1,9 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
 //! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`, `occ`,
-//! `coord`.
+//! `coord`, `adapt`.
 
+mod adapt;
 mod coord;
 mod crdt;
 mod harness;
@@ -15,8 +16,9 @@ fn main() {
         "crdt" => crdt::run(),
         "occ" => occ::run(),
         "coord" => coord::run(),
+        "adapt" => adapt::run(),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord");
+            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt");
             std::process::exit(2);
         }
     };
