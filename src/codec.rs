@@ -460,6 +460,8 @@ pub(crate) mod tags {
     pub(crate) const LWW_REGISTER: u8 = 8;
     pub(crate) const MV_REGISTER: u8 = 9;
     pub(crate) const OR_MAP: u8 = 10;
+    pub(crate) const TEXT_OP: u8 = 11;
+    pub(crate) const TEXT: u8 = 12;
 }
 
 macro_rules! unsigned_codec {

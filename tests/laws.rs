@@ -3,7 +3,7 @@
 //! (full states and deltas), and the codec on hostile input.
 
 use calm::testing::{Config, chaos, laws};
-use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
+use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, Text, TwoPhaseSet};
 
 fn cfg() -> Config {
     Config::default()
@@ -69,6 +69,7 @@ state_laws! {
     mv_register: MvRegister<u8>;
     or_map: OrMap<u8, PnCounter>;
     or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+    text: Text;
 }
 
 mod delta {
@@ -81,5 +82,6 @@ mod delta {
         mv_register: MvRegister<u8>;
         or_map: OrMap<u8, PnCounter>;
         or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+        text: Text;
     }
 }

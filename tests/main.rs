@@ -5,3 +5,4 @@ mod common;
 mod harness;
 mod laws;
 mod serde_input;
+mod text;

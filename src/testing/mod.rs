@@ -73,7 +73,7 @@ pub mod chaos;
 mod impls;
 pub mod laws;
 
-pub use impls::{MapOp, SetOp};
+pub use impls::{MapOp, SetOp, TextEdit};
 
 /// How to make random local updates to a type, so the harness can build
 /// random histories of it.
