@@ -67,11 +67,21 @@ impl<'a> Side<'a> {
 }
 
 /// The medians of two sides measured in alternating rounds.
-pub fn compare(mut ours: Side<'_>, mut theirs: Side<'_>) -> (Duration, Duration) {
+pub fn compare(ours: Side<'_>, theirs: Side<'_>) -> (Duration, Duration) {
+    compare_rounds(ours, theirs, ROUNDS)
+}
+
+/// As [`compare`] with `rounds` rounds per side (fewer for workloads
+/// whose single run takes seconds).
+pub fn compare_rounds(
+    mut ours: Side<'_>,
+    mut theirs: Side<'_>,
+    rounds: usize,
+) -> (Duration, Duration) {
     let (n_ours, n_theirs) = (ours.calibrate(), theirs.calibrate());
-    let mut a = Vec::with_capacity(ROUNDS);
-    let mut b = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
+    let mut a = Vec::with_capacity(rounds);
+    let mut b = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
         a.push(ours.round(n_ours));
         b.push(theirs.round(n_theirs));
     }

@@ -1,17 +1,25 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
-//! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`.
+//! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
+//! `text` (the filter picks traces whose name contains it).
 
+mod alloc;
 mod crdt;
 mod harness;
 mod rng;
+mod text;
+
+/// Every allocation is counted, for the heap figures of the `text` suite.
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
 
 fn main() {
     let suite = std::env::args().nth(1).unwrap_or_else(|| "crdt".into());
     let rows = match suite.as_str() {
         "crdt" => crdt::run(),
+        "text" => text::run(std::env::args().nth(2).as_deref()),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt");
+            eprintln!("unknown suite {other:?}; suites: crdt, text");
             std::process::exit(2);
         }
     };

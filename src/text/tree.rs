@@ -853,7 +853,6 @@ impl Tree {
 
     /// Checks every invariant of the tree; panics with a description of
     /// the first broken one. For tests.
-    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn assert_invariants(&self) {
         let mut total = Metrics::default();
         let mut prev = NONE;
