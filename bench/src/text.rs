@@ -196,7 +196,11 @@ impl Subject for DiamondTypes {
         doc
     }
     fn check(doc: &Self::Doc, t: &Trace) {
-        assert!(doc.branch.content().to_string() == t.end, "diamond-types: {}", t.name);
+        assert!(
+            doc.branch.content().to_string() == t.end,
+            "diamond-types: {}",
+            t.name
+        );
     }
 }
 
@@ -209,7 +213,8 @@ impl Crdt for DiamondTypes {
         diamond_types::list::ListCRDT::load_from(bytes).expect("loads")
     }
     fn history(doc: &Self::Doc, _: &Trace) -> Vec<u8> {
-        doc.oplog.encode(diamond_types::list::encoding::ENCODE_PATCH)
+        doc.oplog
+            .encode(diamond_types::list::encoding::ENCODE_PATCH)
     }
     fn merge(history: &Vec<u8>) -> Self::Doc {
         let mut doc = diamond_types::list::ListCRDT::new();
@@ -275,7 +280,9 @@ impl Crdt for Cola {
         ops
     }
     fn merge(history: &Vec<ColaOp>) -> cola::Replica {
-        let mut doc = cola::Replica::new(2, 0);
+        // cola peers start as forks of the replica that created the (empty)
+        // document, not as new documents of their own.
+        let mut doc = cola::Replica::new(1, 0).fork(2);
         for op in history {
             match op {
                 ColaOp::Insert(i) => {
@@ -363,7 +370,11 @@ impl Subject for Loro {
         doc
     }
     fn check(doc: &loro::LoroDoc, t: &Trace) {
-        assert!(doc.get_text("text").to_string() == t.end, "loro: {}", t.name);
+        assert!(
+            doc.get_text("text").to_string() == t.end,
+            "loro: {}",
+            t.name
+        );
     }
 }
 
@@ -376,7 +387,8 @@ impl Crdt for Loro {
         loro::LoroDoc::from_snapshot(bytes).expect("loads")
     }
     fn history(doc: &loro::LoroDoc, _: &Trace) -> Vec<u8> {
-        doc.export(loro::ExportMode::all_updates()).expect("exports")
+        doc.export(loro::ExportMode::all_updates())
+            .expect("exports")
     }
     fn merge(history: &Vec<u8>) -> loro::LoroDoc {
         let doc = loro::LoroDoc::new();
@@ -406,7 +418,11 @@ impl Subject for Automerge {
     }
     fn check(doc: &Self::Doc, t: &Trace) {
         use automerge::ReadDoc;
-        assert!(doc.0.text(&doc.1).expect("text") == t.end, "automerge: {}", t.name);
+        assert!(
+            doc.0.text(&doc.1).expect("text") == t.end,
+            "automerge: {}",
+            t.name
+        );
     }
 }
 
@@ -538,7 +554,11 @@ fn crdt_rows<P: Crdt>(t: &Trace, rows: &mut Vec<Row>) {
         Side::batched(|| (), |()| P::merge(&their_hist)),
         ROUNDS,
     );
-    rows.push(row("merge remote history", Figure::Time(a), Figure::Time(b)));
+    rows.push(row(
+        "merge remote history",
+        Figure::Time(a),
+        Figure::Time(b),
+    ));
     let (a, b) = compare_rounds(
         Side::batched(|| (), |()| Calm::encode(&ours)),
         Side::batched(|| (), |()| P::encode(&theirs)),

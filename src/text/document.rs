@@ -7,10 +7,48 @@ use super::error::TextError;
 use super::history::History;
 use super::integrate::Pending;
 use super::leaf::{Run, char_len};
-use super::op::{Insertion, OpKind, Target, TextOp, push_target};
+use super::op::{Content, Insertion, OpKind, Target, TextOp, push_target};
 use super::tree::{Metrics, Tree};
 use super::{MAX_CHARS, NONE};
 use crate::causal::{Dot, ReplicaId};
+
+/// Appends the ids of items `lv .. lv + n` to `targets` (from the top down
+/// when `reversed`).
+pub(crate) fn push_targets(
+    history: &History,
+    hint: &mut usize,
+    targets: &mut Vec<Target>,
+    lv: u32,
+    n: u32,
+    reversed: bool,
+) {
+    let first = targets.len();
+    history.pieces(hint, lv, n, |e, lv, k| {
+        let entry = &history.inserts[e];
+        let start = Dot::new(
+            history.agents[entry.agent as usize].id,
+            entry.counter + u64::from(lv - entry.lv),
+        );
+        let t = Target {
+            start,
+            len: k,
+            reversed,
+        };
+        if reversed {
+            // Pieces come lowest first; a backward deletion lists them
+            // highest first. Collect them unjoined, then reverse and join.
+            targets.push(t);
+        } else {
+            push_target(targets, t);
+        }
+    });
+    if reversed {
+        let pieces: Vec<Target> = targets.drain(first..).rev().collect();
+        for t in pieces {
+            push_target(targets, t);
+        }
+    }
+}
 
 /// A collaborative plain-text document: a sequence CRDT of characters.
 ///
@@ -89,6 +127,18 @@ pub struct Text {
     pub(crate) history: History,
     /// Ops waiting for the events they build on.
     pub(crate) pending: Pending,
+    /// The last right origin a local insert named, with its id: a burst
+    /// of typing names the same one again and again, and looking an id up
+    /// is a binary search of the insert log. Local versions never change
+    /// their id, so this never goes stale.
+    right_origin: (u32, Option<Dot>),
+    /// `replica`'s index in `history.agents` once it made an event, to skip
+    /// a map lookup per keystroke. Checked against the id on every use, so
+    /// a fork or a replaced history cannot make it wrong.
+    local: u32,
+    /// The insert entry the last local deletion hit (see
+    /// [`History::pieces`]).
+    delete_hint: usize,
 }
 
 impl Default for Text {
@@ -106,6 +156,9 @@ impl Text {
             tree: Tree::default(),
             history: History::default(),
             pending: Pending::default(),
+            right_origin: (NONE, None),
+            local: NONE,
+            delete_hint: 0,
         }
     }
 
@@ -188,11 +241,11 @@ impl Text {
             origin_left: None,
             origin_right: None,
             len: n as u32,
-            text: text.to_owned(),
+            text: Content::from(text),
             hidden: Vec::new(),
         };
         if n > 0 {
-            let agent = self.history.intern(self.replica);
+            let agent = self.local_agent();
             let at = self.tree.insert_point(pos);
             let (left, right) = self.tree.neighbors(at);
             let lv = self
@@ -200,7 +253,10 @@ impl Text {
                 .push_insert(agent, counter, n as u32, left, right);
             self.tree.insert(at, Run::new(lv, n as u32, false), text);
             ins.origin_left = self.dot_of(left);
-            ins.origin_right = self.dot_of(right);
+            if self.right_origin.0 != right {
+                self.right_origin = (right, self.dot_of(right));
+            }
+            ins.origin_right = self.right_origin.1;
         }
         Ok(TextOp {
             id: Dot::new(self.replica, counter),
@@ -243,18 +299,15 @@ impl Text {
         let counter = self.next_counter()?;
         let mut targets = Vec::new();
         if !range.is_empty() {
-            let agent = self.history.intern(self.replica);
-            let mut pieces = Vec::new();
-            self.tree
-                .delete_chars(range.start, range.len(), |lv, n| pieces.push((lv, n)));
+            let agent = self.local_agent();
+            let history = &mut self.history;
+            let hint = &mut self.delete_hint;
             let mut c = counter;
-            for &(lv, n) in &pieces {
-                self.history.push_delete(agent, c, lv, n, false);
+            self.tree.delete_chars(range.start, range.len(), |lv, n| {
+                history.push_delete(agent, c, lv, n, false);
                 c += u64::from(n);
-            }
-            for &(lv, n) in &pieces {
-                self.push_targets(&mut targets, lv, n, false);
-            }
+                push_targets(history, hint, &mut targets, lv, n, false);
+            });
         }
         Ok(TextOp {
             id: Dot::new(self.replica, counter),
@@ -264,10 +317,24 @@ impl Text {
 
     /// The counter of this replica's next event.
     fn next_counter(&self) -> Result<u64, TextError> {
-        self.history
-            .known(self.replica)
+        let known = match self.history.agents.get(self.local as usize) {
+            Some(a) if a.id == self.replica => a.known,
+            _ => self.history.known(self.replica),
+        };
+        known
             .checked_add(1)
             .ok_or(TextError::TooLarge { max: MAX_CHARS })
+    }
+
+    /// This replica's agent index, adding it to the history if new.
+    fn local_agent(&mut self) -> u32 {
+        match self.history.agents.get(self.local as usize) {
+            Some(a) if a.id == self.replica => self.local,
+            _ => {
+                self.local = self.history.intern(self.replica);
+                self.local
+            }
+        }
     }
 
     /// The id of the item `lv`, or `None` for [`NONE`].
@@ -276,30 +343,6 @@ impl Text {
             let (r, c) = self.history.id_of(lv);
             Dot::new(r, c)
         })
-    }
-
-    /// Appends the ids of items `lv .. lv + n` to `targets` (from the top
-    /// down when `reversed`).
-    pub(crate) fn push_targets(&self, targets: &mut Vec<Target>, lv: u32, n: u32, reversed: bool) {
-        let mut pieces = Vec::new();
-        self.history.pieces(lv, n, |e, lv, k| {
-            let entry = &self.history.inserts[e];
-            let start = Dot::new(
-                self.history.agents[entry.agent as usize].id,
-                entry.counter + u64::from(lv - entry.lv),
-            );
-            pieces.push(Target {
-                start,
-                len: k,
-                reversed,
-            });
-        });
-        if reversed {
-            pieces.reverse();
-        }
-        for t in pieces {
-            push_target(targets, t);
-        }
     }
 
     /// The text, one chunk (a few hundred bytes to a few KiB) at a time, in
@@ -426,7 +469,7 @@ impl Text {
         let mut out: Vec<(ReplicaId, u64, u32, bool)> = Vec::new();
         for leaf in self.tree.leaves() {
             for run in &leaf.runs {
-                self.history.pieces(run.lv, run.len(), |e, lv, k| {
+                self.history.pieces(&mut 0, run.lv, run.len(), |e, lv, k| {
                     let entry = &self.history.inserts[e];
                     let id = self.history.agents[entry.agent as usize].id;
                     let c = entry.counter + u64::from(lv - entry.lv);
@@ -580,5 +623,23 @@ impl<'a> Iterator for Chunks<'a> {
             }
         }
         None
+    }
+}
+
+impl Text {
+    #[doc(hidden)]
+    pub fn debug_stats(&self) -> String {
+        let leaves = self.tree.leaves().count();
+        let runs: usize = self.tree.leaves().map(|l| l.runs.len()).sum();
+        let run_cap: usize = self.tree.leaves().map(|l| l.runs.capacity()).sum();
+        let text_cap: usize = self.tree.leaves().map(|l| l.text.capacity()).sum();
+        format!(
+            "leaves {leaves} runs {runs} run_cap {run_cap} text_cap {text_cap} len {} inserts {} deletes {} items {} index {}",
+            self.len(),
+            self.history.inserts.len(),
+            self.history.deletes.len(),
+            self.history.items,
+            self.tree.index_len(),
+        )
     }
 }

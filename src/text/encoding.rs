@@ -27,7 +27,7 @@
 
 use super::document::Text;
 use super::leaf::char_len;
-use super::op::{Insertion, OpKind, Target, TextOp};
+use super::op::{Content, Insertion, OpKind, Target, TextOp};
 use crate::causal::{Dot, ReplicaId};
 use crate::codec::{self, Codec, DecodeError, Decoder, Encoder, Tagged, tags};
 
@@ -160,7 +160,7 @@ fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp,
         0 => {
             let origin_left = read_origin(dec, names, id)?;
             let origin_right = read_origin(dec, names, id)?;
-            let text = String::decode(dec)?;
+            let text = Content::from(String::decode(dec)?);
             let n = dec.length()?;
             let mut hidden = Vec::with_capacity(n);
             let mut prev = 0u64;

@@ -150,7 +150,11 @@ impl History {
 
     /// Index of the insert entry holding local version `lv` (`< items`).
     pub(crate) fn entry_of(&self, lv: u32) -> usize {
-        self.inserts.partition_point(|e| e.lv <= lv) - 1
+        // Local typing asks about the newest entry most of the time.
+        match self.inserts.last() {
+            Some(last) if last.lv <= lv => self.inserts.len() - 1,
+            _ => self.inserts.partition_point(|e| e.lv <= lv) - 1,
+        }
     }
 
     /// The replica and counter of the character with local version `lv`.
@@ -270,16 +274,29 @@ impl History {
         });
     }
 
-    /// Calls `visit(agent, entry)` for each insert entry piece covering the
-    /// local versions `lv .. lv + n`, in order, as `(entry index, first lv,
-    /// count)`.
-    pub(crate) fn pieces(&self, mut lv: u32, n: u32, mut visit: impl FnMut(usize, u32, u32)) {
+    /// Calls `visit` for each insert entry piece covering the local
+    /// versions `lv .. lv + n`, in order, as `(entry index, first lv,
+    /// count)`. `hint` is an entry index to try first (deletions tend to
+    /// hit the entry the previous one hit); it is left at the last entry
+    /// visited.
+    pub(crate) fn pieces(
+        &self,
+        hint: &mut usize,
+        mut lv: u32,
+        n: u32,
+        mut visit: impl FnMut(usize, u32, u32),
+    ) {
         let end = lv + n;
-        let mut i = self.entry_of(lv);
+        let hinted = self
+            .inserts
+            .get(*hint)
+            .is_some_and(|e| e.lv <= lv && lv < e.lv + self.entry_len(*hint));
+        let mut i = if hinted { *hint } else { self.entry_of(lv) };
         while lv < end {
             let entry_end = self.inserts[i].lv + self.entry_len(i);
             let take = entry_end.min(end) - lv;
             visit(i, lv, take);
+            *hint = i;
             lv += take;
             i += 1;
         }

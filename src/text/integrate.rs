@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 
-use super::document::Text;
+use super::document::{Text, push_targets};
 use super::error::TextError;
 use super::history::Lookup;
 use super::leaf::{Run, char_len};
-use super::op::{Insertion, OpKind, TextOp};
+use super::op::{Content, Insertion, OpKind, TextOp};
 use super::tree::Pos;
 use super::{MAX_CHARS, NONE};
 use crate::causal::{Dot, ReplicaId, VersionVector};
@@ -274,7 +274,7 @@ impl Text {
             origin_left: self.dot_of(left),
             origin_right: self.dot_of(entry.origin_right),
             len,
-            text: String::new(),
+            text: Content::default(),
             hidden: Vec::new(),
         };
         let mut at = 0;
@@ -310,7 +310,7 @@ impl Text {
             d.target + skip
         };
         let mut targets = Vec::new();
-        self.push_targets(&mut targets, lv, n, d.reversed());
+        push_targets(&self.history, &mut 0, &mut targets, lv, n, d.reversed());
         TextOp {
             id: Dot::new(
                 self.history.agents[d.agent as usize].id,
@@ -400,7 +400,7 @@ impl Text {
     fn insert_content(&mut self, place: Pos, lv: u32, ins: &Insertion) {
         let mut at = place;
         let mut offset = 0;
-        let mut text = ins.text.as_str();
+        let mut text: &str = &ins.text;
         let mut hidden = ins.hidden.iter().peekable();
         while offset < ins.len {
             let (n, deleted) = match hidden.peek() {

@@ -129,6 +129,9 @@ pub(crate) struct Leaf {
     pub(crate) utf16: usize,
     /// The internal node above, or [`NONE`] when this leaf is the root.
     pub(crate) parent: u32,
+    /// This leaf's index among its parent's children (kept up to date so
+    /// walks to the root need no search).
+    pub(crate) slot: u8,
     /// The previous leaf in document order, or [`NONE`].
     pub(crate) prev: u32,
     /// The next leaf in document order, or [`NONE`].
@@ -139,7 +142,7 @@ impl Leaf {
     /// An empty root leaf.
     pub(crate) fn root() -> Self {
         Self {
-            runs: Vec::with_capacity(MAX_RUNS),
+            runs: Vec::new(),
             parent: NONE,
             prev: NONE,
             next: NONE,

@@ -74,11 +74,105 @@ pub(crate) struct Insertion {
     /// Number of characters, visible or hidden.
     pub(crate) len: u32,
     /// The visible characters, in order.
-    pub(crate) text: String,
+    pub(crate) text: Content,
     /// `(offset, len)` stretches of characters sent without content because
     /// the sender had already deleted them (the deletions travel along).
     /// Sorted, non-empty, not touching each other.
     pub(crate) hidden: Vec<(u32, u32)>,
+}
+
+/// Bytes of text kept inline in a [`Content`]: most ops are one keystroke,
+/// and an op that holds its text inline costs no allocation.
+const INLINE: usize = 22;
+
+/// The text of an insertion: inline when short, else on the heap.
+///
+/// Invariant: the inline bytes `bytes[..len]` are valid UTF-8 (they are
+/// only ever copied from a `&str`).
+#[derive(Clone)]
+pub(crate) enum Content {
+    /// Up to [`INLINE`] bytes.
+    Inline(u8, [u8; INLINE]),
+    /// Anything longer.
+    Heap(String),
+}
+
+impl Content {
+    /// Appends `s`, moving to the heap when it no longer fits inline.
+    pub(crate) fn push_str(&mut self, s: &str) {
+        match self {
+            Content::Heap(h) => h.push_str(s),
+            Content::Inline(len, bytes) => {
+                let n = *len as usize;
+                if n + s.len() <= INLINE {
+                    bytes[n..n + s.len()].copy_from_slice(s.as_bytes());
+                    *len += s.len() as u8;
+                } else {
+                    let mut h = String::with_capacity(n + s.len());
+                    h.push_str(self);
+                    h.push_str(s);
+                    *self = Content::Heap(h);
+                }
+            }
+        }
+    }
+}
+
+impl Default for Content {
+    fn default() -> Self {
+        Content::Inline(0, [0; INLINE])
+    }
+}
+
+impl From<&str> for Content {
+    fn from(s: &str) -> Self {
+        let mut c = Content::default();
+        c.push_str(s);
+        c
+    }
+}
+
+impl From<String> for Content {
+    fn from(s: String) -> Self {
+        if s.len() <= INLINE {
+            Content::from(s.as_str())
+        } else {
+            Content::Heap(s)
+        }
+    }
+}
+
+impl std::ops::Deref for Content {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Content::Heap(h) => h,
+            Content::Inline(len, bytes) => match std::str::from_utf8(&bytes[..*len as usize]) {
+                Ok(s) => s,
+                Err(_) => broken_content(),
+            },
+        }
+    }
+}
+
+#[cold]
+#[track_caller]
+fn broken_content() -> ! {
+    panic!("inline op text is not UTF-8: calm's invariant is broken")
+}
+
+impl PartialEq for Content {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Content {}
+
+impl fmt::Debug for Content {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
 }
 
 /// A stretch of consecutive ids of one replica deleted by consecutive
@@ -179,7 +273,7 @@ impl TextOp {
                     },
                     origin_right: ins.origin_right,
                     len: to - from,
-                    text: ins.text[byte(c0)..byte(c1)].to_owned(),
+                    text: Content::from(&ins.text[byte(c0)..byte(c1)]),
                     hidden,
                 })
             }
@@ -366,7 +460,7 @@ mod tests {
                 origin_left: left,
                 origin_right: Some(dot(2, 1)),
                 len,
-                text: text.to_owned(),
+                text: Content::from(text),
                 hidden,
             }),
         }

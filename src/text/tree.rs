@@ -98,6 +98,8 @@ struct Node {
     metrics: [Metrics; FANOUT + 1],
     /// The parent node, or [`NONE`] for the root.
     parent: u32,
+    /// This node's index among its parent's children.
+    slot: u8,
     /// Whether the children are leaves (else internal nodes).
     leaves: bool,
 }
@@ -140,9 +142,24 @@ pub(crate) struct Tree {
     index: BTreeMap<u32, u32>,
     /// The metrics of the whole document.
     total: Metrics,
-    /// Leaf of the last local edit and the metrics before it; cleared by
-    /// any change that could move that leaf's start.
-    cursor: Option<(u32, usize)>,
+    /// Where the last local edit was; cleared by any change that could
+    /// move that leaf's start.
+    cursor: Option<Cursor>,
+}
+
+/// The cursor cache (see the module docs): a leaf, where it starts, and a
+/// run of it with the visible characters before that run, so a scan for
+/// the next edit can start there instead of at the leaf's first run.
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    /// The leaf of the last local edit.
+    leaf: u32,
+    /// Visible characters before the leaf.
+    start: usize,
+    /// A run index of the leaf (`<= runs.len()`).
+    run: usize,
+    /// Visible characters of the leaf's runs before `run`.
+    run_chars: usize,
 }
 
 impl Default for Tree {
@@ -159,6 +176,9 @@ impl Default for Tree {
 }
 
 impl Tree {
+    pub(crate) fn index_len(&self) -> usize {
+        self.index.len()
+    }
     /// The metrics of the whole document.
     pub(crate) fn metrics(&self) -> Metrics {
         self.total
@@ -218,7 +238,7 @@ impl Tree {
     /// The leaf holding the place `chars` characters from the start and the
     /// character position where it starts, consulting the cursor cache.
     fn find_chars(&self, chars: usize, stick_left: bool) -> (u32, usize) {
-        if let Some((leaf, start)) = self.cursor {
+        if let Some(Cursor { leaf, start, .. }) = self.cursor {
             let len = self.leaves[leaf as usize].chars;
             let inside = if stick_left {
                 chars > start && chars <= start + len
@@ -243,11 +263,21 @@ impl Tree {
         } else {
             self.find_chars(chars, true)
         };
-        self.cursor = Some((leaf, start));
         let runs = &self.leaves[leaf as usize].runs;
         let want = chars - start;
-        let mut acc = 0usize;
-        let mut i = 0;
+        // Start the scan at the cached run when the place is at or after it.
+        let (mut i, mut acc) = match self.cursor {
+            Some(c) if c.leaf == leaf && c.run_chars <= want && c.run <= runs.len() => {
+                (c.run, c.run_chars)
+            }
+            _ => (0, 0),
+        };
+        self.cursor = Some(Cursor {
+            leaf,
+            start,
+            run: i,
+            run_chars: acc,
+        });
         let mut offset = 0;
         if want > 0 {
             while i < runs.len() {
@@ -419,13 +449,12 @@ impl Tree {
     /// The slots from the root down to `leaf`, for ordering leaves.
     fn path(&self, leaf: u32) -> Vec<u8> {
         let mut path = Vec::with_capacity(8);
-        let mut child = leaf;
-        let mut parent = self.leaves[leaf as usize].parent;
+        let l = &self.leaves[leaf as usize];
+        let (mut slot, mut parent) = (l.slot, l.parent);
         while parent != NONE {
+            path.push(slot);
             let node = &self.nodes[parent as usize];
-            path.push(slot_of(node, child) as u8);
-            child = parent;
-            parent = node.parent;
+            (slot, parent) = (node.slot, node.parent);
         }
         path.reverse();
         path
@@ -438,7 +467,7 @@ impl Tree {
     /// (the common case of typing), so a burst of typing stays one run.
     pub(crate) fn insert(&mut self, pos: Pos, run: Run, text: &str) {
         let leaf_id = pos.leaf;
-        if self.cursor.is_some_and(|(l, _)| l != leaf_id) {
+        if self.cursor.is_some_and(|c| c.leaf != leaf_id) {
             // An insert before the cached leaf would move its start.
             self.cursor = None;
         }
@@ -451,11 +480,17 @@ impl Tree {
             leaf.runs.insert(at + 1, r);
             at += 1;
         }
-        if at > 0 && leaf.runs[at - 1].joins(run) {
+        let (cached, cached_chars) = if at > 0 && leaf.runs[at - 1].joins(run) {
             let prev = leaf.runs[at - 1];
             leaf.runs[at - 1] = prev.with_len(prev.len() + run.len());
+            (at - 1, pos.chars - prev.visible() as usize)
         } else {
             leaf.runs.insert(at, run);
+            (at, pos.chars)
+        };
+        if let Some(c) = &mut self.cursor {
+            c.run = cached;
+            c.run_chars = cached_chars;
         }
         if !text.is_empty() {
             let byte = leaf.byte_of(pos.chars);
@@ -478,13 +513,21 @@ impl Tree {
         mut deleted: impl FnMut(u32, u32),
     ) {
         let (mut leaf, start) = self.find_chars(chars, false);
-        self.cursor = Some((leaf, start));
+        let hint = match self.cursor {
+            Some(c) if c.leaf == leaf => (c.run, c.run_chars),
+            _ => (0, 0),
+        };
         let mut from = chars - start;
+        let mut first = true;
         while len > 0 && leaf != NONE {
             let l = &self.leaves[leaf as usize];
             let here = len.min(l.chars - from);
             if here > 0 {
-                let (mut i, mut offset) = visible_index(&l.runs, from);
+                let (mut i, mut offset) = if first {
+                    visible_index_from(&l.runs, from, hint)
+                } else {
+                    visible_index_from(&l.runs, from, (0, 0))
+                };
                 let mut left = here;
                 while left > 0 {
                     let r = self.leaves[leaf as usize].runs[i];
@@ -496,7 +539,26 @@ impl Tree {
                     deleted(r.lv + offset, take);
                     // Killed characters stop being visible, so `from`
                     // characters still come before the next one.
-                    i = self.kill(leaf, i, offset, take, from) + 1;
+                    let dead = self.kill(leaf, i, offset, take, from);
+                    if first {
+                        // Backspacing deletes the character before next:
+                        // cache the run before the tombstone.
+                        let runs = &self.leaves[leaf as usize].runs;
+                        let (run, run_chars) = match dead.checked_sub(1) {
+                            Some(p) if (runs[p].visible() as usize) <= from => {
+                                (p, from - runs[p].visible() as usize)
+                            }
+                            _ => (dead, from),
+                        };
+                        self.cursor = Some(Cursor {
+                            leaf,
+                            start,
+                            run,
+                            run_chars,
+                        });
+                        first = false;
+                    }
+                    i = dead + 1;
                     offset = 0;
                     left -= take as usize;
                 }
@@ -555,7 +617,12 @@ impl Tree {
         };
         leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
         leaf.chars -= take as usize;
-        leaf.text.replace_range(b0..b1, "");
+        leaf.text.drain(b0..b1);
+        if leaf.text.capacity() > 2 * leaf.text.len() + 256 {
+            // Deleting mostly empties leaves of a document that once held
+            // far more text: give the memory back.
+            leaf.text.shrink_to(leaf.text.len() + 64);
+        }
 
         let r = leaf.runs[i];
         let mut at = i;
@@ -707,14 +774,12 @@ impl Tree {
             return;
         }
         self.total.adjust(new, old);
-        let mut child = leaf;
-        let mut parent = self.leaves[leaf as usize].parent;
+        let l = &self.leaves[leaf as usize];
+        let (mut slot, mut parent) = (l.slot, l.parent);
         while parent != NONE {
             let node = &mut self.nodes[parent as usize];
-            let slot = slot_of(node, child);
-            node.metrics[slot].adjust(new, old);
-            child = parent;
-            parent = node.parent;
+            node.metrics[slot as usize].adjust(new, old);
+            (slot, parent) = (node.slot, node.parent);
         }
     }
 
@@ -731,19 +796,28 @@ impl Tree {
     /// Moves the second half of `leaf_id` (by runs, or by bytes for a leaf
     /// with few, long runs) into a new leaf after it. Returns the new leaf.
     fn split_leaf(&mut self, leaf_id: u32) -> u32 {
+        if let Some(c) = &mut self.cursor {
+            if c.leaf == leaf_id {
+                // Run indices past the split move to the new leaf.
+                c.run = 0;
+                c.run_chars = 0;
+            }
+        }
         let new_id = self.leaves.len() as u32;
         let leaf = &mut self.leaves[leaf_id as usize];
         let (mid, chars) = split_point(leaf);
         let byte = leaf.byte_of(chars);
-        let mut runs = Vec::with_capacity(MAX_RUNS);
-        runs.extend(leaf.runs.drain(mid..));
+        let runs: Vec<Run> = leaf.runs.drain(mid..).collect();
+        leaf.runs.shrink_to(MAX_RUNS / 2 + 8);
         let text = leaf.text.split_off(byte);
+        leaf.text.shrink_to(leaf.text.len() + 64);
         let right = Leaf {
             chars: char_len(&text),
             utf16: utf16_len(&text),
             runs,
             text,
             parent: leaf.parent,
+            slot: 0,
             prev: leaf_id,
             next: leaf.next,
         };
@@ -758,18 +832,25 @@ impl Tree {
             Metrics::of(&self.leaves[leaf_id as usize]),
             Metrics::of(&right),
         );
-        let moved: Vec<(u32, u32)> = right.runs.iter().map(|r| (r.lv, r.end())).collect();
+        // Re-point the moved runs, joining those whose local versions
+        // continue each other (typing leaves many such neighbours).
+        let mut moved: Vec<(u32, u32)> = Vec::with_capacity(right.runs.len());
+        for r in &right.runs {
+            match moved.last_mut() {
+                Some(last) if last.1 == r.lv => last.1 = r.end(),
+                _ => moved.push((r.lv, r.end())),
+            }
+        }
         self.leaves.push(right);
-        for (start, end) in join_ranges(moved) {
+        for (start, end) in moved {
             self.index_move(start, end, new_id);
         }
         let parent = self.leaves[leaf_id as usize].parent;
         if parent == NONE {
             self.new_root(leaf_id, new_id, left_m, right_m, true);
         } else {
-            let node = &mut self.nodes[parent as usize];
-            let slot = slot_of(node, leaf_id);
-            node.metrics[slot] = left_m;
+            let slot = self.leaves[leaf_id as usize].slot as usize;
+            self.nodes[parent as usize].metrics[slot] = left_m;
             self.insert_child(parent, slot + 1, new_id, right_m);
         }
         new_id
@@ -783,6 +864,7 @@ impl Tree {
             children: [NONE; FANOUT + 1],
             metrics: [Metrics::default(); FANOUT + 1],
             parent: NONE,
+            slot: 0,
             leaves,
         };
         node.children[0] = left;
@@ -790,16 +872,20 @@ impl Tree {
         node.metrics[0] = lm;
         node.metrics[1] = rm;
         self.nodes.push(node);
-        self.set_parent(left, leaves, id);
-        self.set_parent(right, leaves, id);
+        self.set_parent(left, leaves, id, 0);
+        self.set_parent(right, leaves, id, 1);
         self.root = id;
     }
 
-    fn set_parent(&mut self, child: u32, is_leaf: bool, parent: u32) {
+    /// Records that `child` is child number `slot` of `parent`.
+    fn set_parent(&mut self, child: u32, is_leaf: bool, parent: u32, slot: usize) {
+        let slot = slot as u8;
         if is_leaf {
-            self.leaves[child as usize].parent = parent;
+            let l = &mut self.leaves[child as usize];
+            (l.parent, l.slot) = (parent, slot);
         } else {
-            self.nodes[child as usize].parent = parent;
+            let n = &mut self.nodes[child as usize];
+            (n.parent, n.slot) = (parent, slot);
         }
     }
 
@@ -813,8 +899,11 @@ impl Tree {
         node.children[slot] = child;
         node.metrics[slot] = m;
         node.len += 1;
-        let leaves = node.leaves;
-        self.set_parent(child, leaves, node_id);
+        let (leaves, len) = (node.leaves, node.len);
+        for k in slot..len {
+            let c = self.nodes[node_id as usize].children[k];
+            self.set_parent(c, leaves, node_id, k);
+        }
         if self.nodes[node_id as usize].len > FANOUT {
             self.split_node(node_id);
         }
@@ -830,6 +919,7 @@ impl Tree {
             children: [NONE; FANOUT + 1],
             metrics: [Metrics::default(); FANOUT + 1],
             parent: node.parent,
+            slot: 0,
             leaves: node.leaves,
         };
         right.children[..right.len].copy_from_slice(&node.children[half..node.len]);
@@ -837,16 +927,16 @@ impl Tree {
         node.len = half;
         let (lm, rm) = (node.sum(0..half), right.sum(0..right.len));
         let (parent, leaves) = (node.parent, node.leaves);
-        for &c in &right.children[..right.len] {
-            self.set_parent(c, leaves, new_id);
-        }
+        let moved: Vec<u32> = right.children[..right.len].to_vec();
         self.nodes.push(right);
+        for (k, c) in moved.into_iter().enumerate() {
+            self.set_parent(c, leaves, new_id, k);
+        }
         if parent == NONE {
             self.new_root(node_id, new_id, lm, rm, false);
         } else {
-            let p = &mut self.nodes[parent as usize];
-            let slot = slot_of(p, node_id);
-            p.metrics[slot] = lm;
+            let slot = self.nodes[node_id as usize].slot as usize;
+            self.nodes[parent as usize].metrics[slot] = lm;
             self.insert_child(parent, slot + 1, new_id, rm);
         }
     }
@@ -894,32 +984,29 @@ impl Tree {
                     let n = &self.nodes[c as usize];
                     (n.sum(0..n.len), n.parent)
                 };
+                let slot = if node.leaves {
+                    self.leaves[c as usize].slot
+                } else {
+                    self.nodes[c as usize].slot
+                };
                 assert_eq!(m, node.metrics[s], "node metrics");
                 assert_eq!(parent as usize, i, "parent pointer");
+                assert_eq!(slot as usize, s, "slot");
             }
         }
     }
 }
 
-/// The slot of `child` in `node`.
-fn slot_of(node: &Node, child: u32) -> usize {
-    node.children[..node.len]
-        .iter()
-        .position(|&c| c == child)
-        .unwrap_or_else(|| broken_tree())
-}
-
-#[cold]
-#[track_caller]
-fn broken_tree() -> ! {
-    panic!("text tree corrupted: a child is missing from its parent")
-}
-
 /// The run holding visible character `chars` of `runs` (skipping
-/// tombstones) and the offset of that character in it.
-fn visible_index(runs: &[Run], chars: usize) -> (usize, u32) {
-    let mut acc = 0;
-    for (i, r) in runs.iter().enumerate() {
+/// tombstones) and the offset of that character in it, scanning from the
+/// hint `(run, visible characters before it)` when it is not past `chars`.
+fn visible_index_from(runs: &[Run], chars: usize, hint: (usize, usize)) -> (usize, u32) {
+    let (start, mut acc) = if hint.1 <= chars && hint.0 <= runs.len() {
+        hint
+    } else {
+        (0, 0)
+    };
+    for (i, r) in runs.iter().enumerate().skip(start) {
         let v = r.visible() as usize;
         if chars < acc + v {
             return (i, (chars - acc) as u32);
@@ -940,7 +1027,7 @@ fn split_point(leaf: &mut Leaf) -> (usize, usize) {
     }
     // Over the byte budget: cut at the character in the middle of the text.
     let half = leaf.chars / 2;
-    let (i, offset) = visible_index(&leaf.runs, half);
+    let (i, offset) = visible_index_from(&leaf.runs, half, (0, 0));
     if offset > 0 {
         let (l, r) = leaf.runs[i].split(offset);
         leaf.runs[i] = l;
@@ -949,17 +1036,4 @@ fn split_point(leaf: &mut Leaf) -> (usize, usize) {
     } else {
         (i, half)
     }
-}
-
-/// Sorts and joins touching `(start, end)` ranges.
-fn join_ranges(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    ranges.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
-    for (s, e) in ranges {
-        match out.last_mut() {
-            Some(last) if last.1 == s => last.1 = e,
-            _ => out.push((s, e)),
-        }
-    }
-    out
 }
