@@ -496,7 +496,7 @@ impl Subject for Ropey {
         rope
     }
     fn check(doc: &ropey::Rope, t: &Trace) {
-        assert!(doc.to_string() == t.end, "ropey: {}", t.name);
+        assert!(*doc == t.end.as_str(), "ropey: {}", t.name);
     }
 }
 

@@ -388,7 +388,7 @@ impl Text {
     /// # Ok::<(), calm::Error>(())
     /// ```
     pub fn utf16_to_chars(&self, utf16: usize) -> Result<usize, TextError> {
-        self.to_chars(utf16, |m| m.utf16, char::len_utf16)
+        self.unit_to_chars(utf16, |m| m.utf16, char::len_utf16)
     }
 
     /// Converts a character position (`0 ..= len()`) to a UTF-16 offset.
@@ -397,7 +397,7 @@ impl Text {
     ///
     /// [`TextError::PositionOutOfBounds`] if `chars > len()`.
     pub fn chars_to_utf16(&self, chars: usize) -> Result<usize, TextError> {
-        self.from_chars(chars, |m| m.utf16, char::len_utf16)
+        self.chars_to_unit(chars, |m| m.utf16, char::len_utf16)
     }
 
     /// Converts a UTF-8 byte offset to a character position.
@@ -421,7 +421,7 @@ impl Text {
     /// # Ok::<(), calm::Error>(())
     /// ```
     pub fn utf8_to_chars(&self, byte: usize) -> Result<usize, TextError> {
-        self.to_chars(byte, |m| m.bytes, char::len_utf8)
+        self.unit_to_chars(byte, |m| m.bytes, char::len_utf8)
     }
 
     /// Converts a character position (`0 ..= len()`) to a UTF-8 byte
@@ -431,10 +431,10 @@ impl Text {
     ///
     /// [`TextError::PositionOutOfBounds`] if `chars > len()`.
     pub fn chars_to_utf8(&self, chars: usize) -> Result<usize, TextError> {
-        self.from_chars(chars, |m| m.bytes, char::len_utf8)
+        self.chars_to_unit(chars, |m| m.bytes, char::len_utf8)
     }
 
-    fn to_chars(
+    fn unit_to_chars(
         &self,
         offset: usize,
         unit: fn(&Metrics) -> usize,
@@ -445,11 +445,11 @@ impl Text {
             return Err(TextError::PositionOutOfBounds { pos: offset, len });
         }
         self.tree
-            .to_chars(offset, unit, width)
+            .unit_to_chars(offset, unit, width)
             .map_err(|()| TextError::NotCharBoundary { offset })
     }
 
-    fn from_chars(
+    fn chars_to_unit(
         &self,
         chars: usize,
         unit: fn(&Metrics) -> usize,
@@ -459,7 +459,7 @@ impl Text {
         if chars > len {
             return Err(TextError::PositionOutOfBounds { pos: chars, len });
         }
-        Ok(self.tree.from_chars(chars, unit, width))
+        Ok(self.tree.chars_to_unit(chars, unit, width))
     }
 
     /// The items in document order as `(replica, first counter, count,
@@ -518,10 +518,12 @@ impl Text {
                     let c = h.inserts[e as usize].counter;
                     (c, c + u64::from(h.entry_len(e as usize)))
                 })
-                .chain(agent.deletes.iter().map(|&d| {
-                    let d = &h.deletes[d as usize];
-                    (d.counter, d.counter + u64::from(d.len()))
-                }))
+                .chain(
+                    agent
+                        .deletes
+                        .iter()
+                        .map(|d| (d.counter, d.counter + u64::from(d.len()))),
+                )
                 .collect();
             events.sort_unstable();
             let mut next = 1;
@@ -531,7 +533,7 @@ impl Text {
             }
             assert_eq!(next - 1, agent.known, "known count of {:?}", agent.id);
         }
-        for d in &h.deletes {
+        for d in h.agents.iter().flat_map(|a| &a.deletes) {
             for lv in [d.target, d.target + d.len() - 1] {
                 let pos = self.tree.locate(lv).expect("delete target in tree");
                 let run = self.tree.run_at(pos).expect("run at target");
@@ -623,23 +625,5 @@ impl<'a> Iterator for Chunks<'a> {
             }
         }
         None
-    }
-}
-
-impl Text {
-    #[doc(hidden)]
-    pub fn debug_stats(&self) -> String {
-        let leaves = self.tree.leaves().count();
-        let runs: usize = self.tree.leaves().map(|l| l.runs.len()).sum();
-        let run_cap: usize = self.tree.leaves().map(|l| l.runs.capacity()).sum();
-        let text_cap: usize = self.tree.leaves().map(|l| l.text.capacity()).sum();
-        format!(
-            "leaves {leaves} runs {runs} run_cap {run_cap} text_cap {text_cap} len {} inserts {} deletes {} items {} index {}",
-            self.len(),
-            self.history.inserts.len(),
-            self.history.deletes.len(),
-            self.history.items,
-            self.tree.index_len(),
-        )
     }
 }

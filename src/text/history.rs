@@ -49,13 +49,11 @@ pub(crate) struct InsertEntry {
 const REVERSED: u32 = 1 << 31;
 
 /// Consecutive delete events of one replica whose targets are consecutive
-/// local versions.
+/// local versions (16 bytes; the replica is the [`Agent`] that holds it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeleteEntry {
     /// Counter of the first delete event.
     pub(crate) counter: u64,
-    /// Index of the deleting replica in [`History::agents`].
-    pub(crate) agent: u32,
     /// Lowest local version deleted.
     pub(crate) target: u32,
     /// Number of events, with [`REVERSED`] or-ed in when event `k` deleted
@@ -85,8 +83,8 @@ pub(crate) struct Agent {
     pub(crate) known: u64,
     /// Its insert entries, by counter (indices into [`History::inserts`]).
     pub(crate) inserts: Vec<u32>,
-    /// Its delete entries, by counter (indices into [`History::deletes`]).
-    pub(crate) deletes: Vec<u32>,
+    /// Its delete entries, by counter.
+    pub(crate) deletes: Vec<DeleteEntry>,
 }
 
 /// What a global id names here.
@@ -109,8 +107,6 @@ pub(crate) struct History {
     by_id: BTreeMap<ReplicaId, u32>,
     /// Insert entries, sorted by `lv`, covering `0 .. items` without gaps.
     pub(crate) inserts: Vec<InsertEntry>,
-    /// Delete entries in the order they were integrated.
-    pub(crate) deletes: Vec<DeleteEntry>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
 }
@@ -246,9 +242,9 @@ impl History {
         reversed: bool,
     ) {
         let reversed = reversed && len > 1;
-        self.agents[agent as usize].known = counter + u64::from(len) - 1;
-        if let Some(&last) = self.agents[agent as usize].deletes.last() {
-            let e = &mut self.deletes[last as usize];
+        let agent = &mut self.agents[agent as usize];
+        agent.known = counter + u64::from(len) - 1;
+        if let Some(e) = agent.deletes.last_mut() {
             if e.counter + u64::from(e.len()) == counter {
                 let forward = (e.len() == 1 || !e.reversed()) && !reversed;
                 let backward = (e.len() == 1 || e.reversed()) && (len == 1 || reversed);
@@ -263,12 +259,8 @@ impl History {
                 }
             }
         }
-        self.agents[agent as usize]
-            .deletes
-            .push(self.deletes.len() as u32);
-        self.deletes.push(DeleteEntry {
+        agent.deletes.push(DeleteEntry {
             counter,
-            agent,
             target,
             packed: len | if reversed { REVERSED } else { 0 },
         });
@@ -336,13 +328,15 @@ mod tests {
         h.push_delete(a, 11, 9, 1, false);
         h.push_delete(a, 12, 8, 1, false);
         h.push_delete(a, 13, 7, 1, false);
-        assert_eq!(h.deletes.len(), 1);
-        assert!(h.deletes[0].reversed());
-        assert_eq!((h.deletes[0].target, h.deletes[0].len()), (7, 3));
+        let deletes = &h.agents[0].deletes;
+        assert_eq!(deletes.len(), 1);
+        assert!(deletes[0].reversed());
+        assert_eq!((deletes[0].target, deletes[0].len()), (7, 3));
         h.push_delete(a, 14, 0, 2, false);
         h.push_delete(a, 16, 2, 1, false);
-        assert_eq!(h.deletes.len(), 2);
-        assert_eq!((h.deletes[1].target, h.deletes[1].len()), (0, 3));
+        let deletes = &h.agents[0].deletes;
+        assert_eq!(deletes.len(), 2);
+        assert_eq!((deletes[1].target, deletes[1].len()), (0, 3));
         assert_eq!(h.lookup(ReplicaId::new(1), 12), Lookup::Delete);
         assert_eq!(h.agents[0].known, 16);
     }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::document::{Text, push_targets};
 use super::error::TextError;
-use super::history::Lookup;
+use super::history::{DeleteEntry, Lookup};
 use super::leaf::{Run, char_len};
 use super::op::{Content, Insertion, OpKind, TextOp};
 use super::tree::Pos;
@@ -229,15 +229,12 @@ impl Text {
                 let e = e as usize;
                 h.inserts[e].counter + u64::from(h.entry_len(e))
             };
-            let del_end = |&d: &u32| {
-                let d = &h.deletes[d as usize];
-                d.counter + u64::from(d.len())
-            };
+            let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
             let mut i = agent.inserts.partition_point(|e| ins_end(e) <= from + 1);
             let mut d = agent.deletes.partition_point(|e| del_end(e) <= from + 1);
             loop {
                 let ic = agent.inserts.get(i).map(|&e| h.inserts[e as usize].counter);
-                let dc = agent.deletes.get(d).map(|&e| h.deletes[e as usize].counter);
+                let dc = agent.deletes.get(d).map(|e| e.counter);
                 let op = match (ic, dc) {
                     (None, None) => break,
                     (Some(c), dc) if dc.is_none_or(|dc| c < dc) => {
@@ -247,11 +244,10 @@ impl Text {
                         self.insert_op(e, skip as u32)
                     }
                     _ => {
-                        let e = agent.deletes[d] as usize;
+                        let e = agent.deletes[d];
                         d += 1;
-                        let c = h.deletes[e].counter;
-                        let skip = from.saturating_sub(c - 1);
-                        self.delete_op(e, skip as u32)
+                        let skip = from.saturating_sub(e.counter - 1);
+                        self.delete_op(agent.id, e, skip as u32)
                     }
                 };
                 let joined = out.len() > first && out.last_mut().is_some_and(|l| l.try_append(&op));
@@ -300,9 +296,9 @@ impl Text {
         }
     }
 
-    /// Delete entry `e` minus its first `skip` events, as an op.
-    fn delete_op(&self, e: usize, skip: u32) -> TextOp {
-        let d = self.history.deletes[e];
+    /// Delete entry `d` of `replica` minus its first `skip` events, as an
+    /// op.
+    fn delete_op(&self, replica: ReplicaId, d: DeleteEntry, skip: u32) -> TextOp {
         let n = d.len() - skip;
         let lv = if d.reversed() {
             d.target
@@ -312,10 +308,7 @@ impl Text {
         let mut targets = Vec::new();
         push_targets(&self.history, &mut 0, &mut targets, lv, n, d.reversed());
         TextOp {
-            id: Dot::new(
-                self.history.agents[d.agent as usize].id,
-                d.counter + u64::from(skip),
-            ),
+            id: Dot::new(replica, d.counter + u64::from(skip)),
             kind: OpKind::Delete(targets),
         }
     }

@@ -176,9 +176,6 @@ impl Default for Tree {
 }
 
 impl Tree {
-    pub(crate) fn index_len(&self) -> usize {
-        self.index.len()
-    }
     /// The metrics of the whole document.
     pub(crate) fn metrics(&self) -> Metrics {
         self.total
@@ -699,7 +696,7 @@ impl Tree {
     /// Converts a position in `from` units to the matching character
     /// position, or `Err(())` when it is past the end or inside a
     /// character's encoding.
-    pub(crate) fn to_chars(
+    pub(crate) fn unit_to_chars(
         &self,
         target: usize,
         unit: fn(&Metrics) -> usize,
@@ -722,7 +719,7 @@ impl Tree {
     }
 
     /// Converts a character position (`<= len`) to `unit`s.
-    pub(crate) fn from_chars(
+    pub(crate) fn chars_to_unit(
         &self,
         chars: usize,
         unit: fn(&Metrics) -> usize,
