@@ -80,6 +80,9 @@ pub(crate) fn push_targets(
 /// under one id produce clashing ids and diverge. Use [`fork`](Text::fork)
 /// to start a new replica from an existing document.
 ///
+/// `Text` is `Send + Sync` and has no internal locks. Its serde form is its
+/// [`codec`](crate::codec) bytes, checked the same way on the way in.
+///
 /// # Performance
 ///
 /// Local edits cost O(log n), usually O(1) near the last edit (a cursor

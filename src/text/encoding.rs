@@ -335,3 +335,27 @@ impl Codec for Text {
 impl Tagged for Text {
     const TAG: u8 = tags::TEXT;
 }
+
+/// serde support for the two top-level text types, through the checked
+/// binary codec: the serde form is the codec's bytes (header included), so
+/// input from any serde format gets the same validation as [`from_bytes`]
+/// (`codec::from_bytes`).
+///
+/// [`from_bytes`]: crate::codec::from_bytes
+macro_rules! serde_via_codec {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(&codec::to_bytes(self))
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let bytes = <Vec<u8> as serde::Deserialize>::deserialize(d)?;
+                codec::from_bytes(&bytes).map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+serde_via_codec!(Text, TextOp);

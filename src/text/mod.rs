@@ -104,9 +104,48 @@
 //! after `a` comes `x`, a true conflict that `1` loses (`r2 > r1`), so the
 //! mark moves past `x`; `y` descends from `x` and is skipped; `b` is the
 //! right origin: stop, `a x y 1 b`, then `2` after `1`. Both read `axy12b`.
-//! Had they typed backwards (`y` before `x` at the same spot, so `x`'s right
-//! origin is... `y`), the siblings would be `y`-first subtrees, and the runs
-//! still would not mix.
+//!
+//! Typing *backwards* (each character typed before the previous one, the
+//! cursor staying put) gives items whose right origin is the previous
+//! character. Alice types `c`, `b`, `a` and Bob `3`, `2`, `1`, all between
+//! `[` and `]`:
+//!
+//! ```text
+//!  item  left origin  right origin      item  left origin  right origin
+//!  c     [            ]                 3     [            ]
+//!  b     [            c                 2     [            3
+//!  a     [            b                 1     [            2
+//! ```
+//!
+//! Alice integrating `3` scans `a` and `b` (siblings whose right origins
+//! lie before `]`: keep scanning, mark stays), then `c`, a true conflict
+//! `3` loses, so the mark moves past `c`: `[abc3]`. `2` scans `a`, `b`
+//! (right origins before `3`: scanning) and `c` (right origin `]`, after
+//! `3`: the mark moves past it), then meets `3`, its right origin:
+//! `[abc23]`, and `1` likewise: `[abc123]`. Both runs stay whole.
+//!
+//! ```
+//! use calm::causal::ReplicaId;
+//! use calm::text::Text;
+//!
+//! let mut alice = Text::new(ReplicaId::new(1));
+//! alice.insert(0, "[]")?;
+//! let mut bob = alice.fork(ReplicaId::new(2));
+//! let mut ops = Vec::new();
+//! for c in ["c", "b", "a"] {
+//!     ops.push(alice.insert(1, c)?);
+//! }
+//! for c in ["3", "2", "1"] {
+//!     ops.push(bob.insert(1, c)?);
+//! }
+//! for op in &ops {
+//!     alice.apply(op)?;
+//!     bob.apply(op)?;
+//! }
+//! assert_eq!(alice.to_string(), "[abc123]");
+//! assert_eq!(alice, bob);
+//! # Ok::<(), calm::Error>(())
+//! ```
 //!
 //! # Sync
 //!
