@@ -527,3 +527,29 @@ fn huge_hidden_runs_are_refused() {
     assert!(result.is_err(), "{result:?}");
     assert!(allocated < 64 * 1024, "allocated {allocated} bytes");
 }
+
+/// Counters at the edge of `u64` (from a hostile peer's version vector or
+/// op) are handled without overflow.
+#[test]
+fn extreme_counters_do_not_overflow() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "abc").unwrap();
+    let huge: VersionVector = [(r(1), u64::MAX)].into_iter().collect();
+    assert!(a.ops_since(&huge).is_empty());
+    assert!(a.delta(&huge).to_string().is_empty());
+    let mut enc = Encoder::new();
+    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(<TextOp as codec::Tagged>::TAG);
+    enc.varint(9); // replica
+    enc.varint(u64::MAX - 2); // counter
+    enc.byte(0); // insert, no origins
+    enc.byte(0);
+    enc.byte(0);
+    enc.bytes(b"xy");
+    enc.length(0);
+    let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+    assert_eq!(a.apply(&op), Ok(Applied::Buffered));
+    assert_eq!(a.to_string(), "abc");
+    let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");
+    assert_eq!(back, a);
+}

@@ -272,7 +272,7 @@ impl Codec for Text {
                 let offset = dec.offset();
                 let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
                 let invalid = |what| DecodeError::Invalid { offset, what };
-                if op.is_empty() || op.end() > k + 1 {
+                if op.is_empty() || op.end() - 1 > k {
                     return Err(invalid("op empty or past its replica's version"));
                 }
                 if prev.is_some_and(|mut p| p.try_append(&op)) {

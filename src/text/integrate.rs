@@ -122,10 +122,12 @@ impl fmt::Debug for Pending {
 
 /// The part of `op` after the first `known` events of its replica, if any.
 fn unseen(op: TextOp, known: u64) -> Option<TextOp> {
-    if op.is_empty() || op.end() <= known + 1 {
+    // Counters are at least 1 and `end() - 1` is the last one, so none of
+    // this overflows even for a hostile `known` of `u64::MAX`.
+    if op.is_empty() || op.end() - 1 <= known {
         None
     } else if op.id.counter() <= known {
-        let skip = (known + 1 - op.id.counter()) as u32;
+        let skip = (known - op.id.counter() + 1) as u32;
         Some(op.slice(skip, op.len32()))
     } else {
         Some(op)
@@ -171,7 +173,7 @@ impl Text {
         let Some(op) = unseen(op.clone(), known) else {
             return Ok(Applied::AlreadyKnown);
         };
-        if op.id.counter() == known + 1 && self.try_integrate(&op)? {
+        if op.id.counter() - 1 == known && self.try_integrate(&op)? {
             self.drain();
             return Ok(Applied::Integrated);
         }
@@ -230,8 +232,8 @@ impl Text {
                 h.inserts[e].counter + u64::from(h.entry_len(e))
             };
             let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
-            let mut i = agent.inserts.partition_point(|e| ins_end(e) <= from + 1);
-            let mut d = agent.deletes.partition_point(|e| del_end(e) <= from + 1);
+            let mut i = agent.inserts.partition_point(|e| ins_end(e) - 1 <= from);
+            let mut d = agent.deletes.partition_point(|e| del_end(e) - 1 <= from);
             loop {
                 let ic = agent.inserts.get(i).map(|&e| h.inserts[e as usize].counter);
                 let dc = agent.deletes.get(d).map(|e| e.counter);
@@ -536,7 +538,7 @@ impl Text {
                     let Some(head) = unseen(head, known) else {
                         continue;
                     };
-                    if head.id.counter() != known + 1 {
+                    if head.id.counter() - 1 != known {
                         queue.push_front(head);
                         break;
                     }
