@@ -330,6 +330,11 @@ impl Text {
                 if u64::from(self.history.items) + u64::from(ins.len) > MAX_CHARS {
                     return Err(TextError::TooLarge { max: MAX_CHARS });
                 }
+                for origin in [left, right] {
+                    if origin != NONE {
+                        self.tree.locate_fresh(origin);
+                    }
+                }
                 let place = self.place(left, right, op.replica());
                 let agent = self.history.intern(op.replica());
                 let lv = self

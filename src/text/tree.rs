@@ -32,9 +32,18 @@
 //! Remote operations name items by id, which the history turns into a local
 //! version (`lv`). [`Tree::locate`] answers "where is item `lv`" through
 //! `index`, an ordered map from the first `lv` of each range of local
-//! versions that live in one leaf to that leaf. Local typing appends to the
+//! versions to the leaf they were created in. Local typing appends to the
 //! last range, so the index grows by one entry per leaf a burst of typing
-//! lands in, not per character; a leaf split re-points the ranges it moved.
+//! lands in, not per character.
+//!
+//! A split moves the tail of a leaf into a new leaf right after it, so an
+//! item is always in the leaf the index names or in a leaf a little further
+//! along the leaf chain (the leaves split off it, which stay next to it).
+//! Splits therefore leave the index alone (re-pointing every moved range
+//! was the most expensive part of a split, and local editing never reads
+//! the index); [`Tree::locate`] walks the chain from the indexed leaf, and
+//! [`Tree::locate_fresh`], used by remote operations, re-points the range
+//! it found so the walk stays short where remote edits happen.
 //!
 //! # Cursor cache
 //!
@@ -357,26 +366,54 @@ impl Tree {
     }
 
     /// Where item `lv` is, or `None` if the tree has no such item.
+    ///
+    /// The index names the leaf the item was created in; splits since may
+    /// have moved it into a leaf further right (see the module docs), so
+    /// the search walks the leaf chain from there.
     pub(crate) fn locate(&self, lv: u32) -> Option<Pos> {
-        let (_, &leaf) = self.index.range(..=lv).next_back()?;
-        let runs = &self.leaves[leaf as usize].runs;
-        let mut chars = 0;
-        for (i, r) in runs.iter().enumerate() {
-            if r.contains(lv) {
-                let offset = lv - r.lv;
-                if !r.deleted() {
-                    chars += offset as usize;
+        self.locate_hops(lv).map(|(pos, _)| pos)
+    }
+
+    /// As [`Tree::locate`], also counting the leaves walked past.
+    fn locate_hops(&self, lv: u32) -> Option<(Pos, u32)> {
+        let (_, &first) = self.index.range(..=lv).next_back()?;
+        let mut leaf = first;
+        let mut hops = 0;
+        while leaf != NONE {
+            let mut chars = 0;
+            for (i, r) in self.leaves[leaf as usize].runs.iter().enumerate() {
+                if r.contains(lv) {
+                    let offset = lv - r.lv;
+                    if !r.deleted() {
+                        chars += offset as usize;
+                    }
+                    let pos = Pos {
+                        leaf,
+                        run: i,
+                        offset,
+                        chars,
+                    };
+                    return Some((pos, hops));
                 }
-                return Some(Pos {
-                    leaf,
-                    run: i,
-                    offset,
-                    chars,
-                });
+                chars += r.visible() as usize;
             }
-            chars += r.visible() as usize;
+            leaf = self.leaves[leaf as usize].next;
+            hops += 1;
         }
         None
+    }
+
+    /// As [`Tree::locate`], and when the walk was long, points the index
+    /// straight at the leaf found for the item's whole run, so the next
+    /// lookup of it (or its neighbours) walks no chain. A walk of one leaf
+    /// is cheaper than the index update, so short walks are left alone.
+    pub(crate) fn locate_fresh(&mut self, lv: u32) -> Option<Pos> {
+        let (pos, hops) = self.locate_hops(lv)?;
+        if hops > 1 {
+            let run = self.leaves[pos.leaf as usize].runs[pos.run];
+            self.index_move(run.lv, run.end(), pos.leaf);
+        }
+        Some(pos)
     }
 
     /// The run under `pos`, if `pos` is not at the end of its leaf.
@@ -581,7 +618,7 @@ impl Tree {
         let end = lv + n;
         self.cursor = None;
         while lv < end {
-            let Some(pos) = self.locate(lv) else {
+            let Some(pos) = self.locate_fresh(lv) else {
                 return false;
             };
             let r = self.leaves[pos.leaf as usize].runs[pos.run];
@@ -829,19 +866,9 @@ impl Tree {
             Metrics::of(&self.leaves[leaf_id as usize]),
             Metrics::of(&right),
         );
-        // Re-point the moved runs, joining those whose local versions
-        // continue each other (typing leaves many such neighbours).
-        let mut moved: Vec<(u32, u32)> = Vec::with_capacity(right.runs.len());
-        for r in &right.runs {
-            match moved.last_mut() {
-                Some(last) if last.1 == r.lv => last.1 = r.end(),
-                _ => moved.push((r.lv, r.end())),
-            }
-        }
+        // The moved runs keep their index entries (pointing here); lookups
+        // walk on to the new leaf, and `locate_fresh` re-points them.
         self.leaves.push(right);
-        for (start, end) in moved {
-            self.index_move(start, end, new_id);
-        }
         let parent = self.leaves[leaf_id as usize].parent;
         if parent == NONE {
             self.new_root(leaf_id, new_id, left_m, right_m, true);
@@ -962,6 +989,8 @@ impl Tree {
                 for lv in [r.lv, r.end() - 1] {
                     let p = self.locate(lv).expect("indexed");
                     assert_eq!(p.leaf, at, "index of {lv}");
+                    let run = self.leaves[p.leaf as usize].runs[p.run];
+                    assert!(run.contains(lv), "located the wrong run for {lv}");
                 }
             }
             total.add(Metrics::of(leaf));
