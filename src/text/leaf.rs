@@ -175,12 +175,17 @@ impl Leaf {
 /// outside the Basic Multilingual Plane (exactly those whose UTF-8 form
 /// starts with a byte `>= 0xF0`).
 pub(crate) fn utf16_len(s: &str) -> usize {
-    s.len() - s.bytes().filter(|&b| (b & 0xC0) == 0x80).count()
-        + s.bytes().filter(|&b| b >= 0xF0).count()
+    if s.is_ascii() {
+        return s.len();
+    }
+    char_len(s) + s.bytes().filter(|&b| b >= 0xF0).count()
 }
 
 /// Number of `char`s in `s` (bytes that do not continue a sequence).
 pub(crate) fn char_len(s: &str) -> usize {
+    if s.is_ascii() {
+        return s.len();
+    }
     s.len() - s.bytes().filter(|&b| (b & 0xC0) == 0x80).count()
 }
 
