@@ -479,6 +479,8 @@ pub(crate) mod tags {
     pub(crate) const CRDTS_MAP: u8 = 47;
     #[cfg(feature = "automerge")]
     pub(crate) const AUTOMERGE: u8 = 50;
+    pub(crate) const TEXT_OP: u8 = 12;
+    pub(crate) const TEXT: u8 = 13;
 }
 
 macro_rules! unsigned_codec {

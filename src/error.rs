@@ -3,6 +3,7 @@
 
 use crate::codec::DecodeError;
 use crate::counter::CounterOverflow;
+use crate::text::TextError;
 
 /// Any error calm returns.
 ///
@@ -17,4 +18,7 @@ pub enum Error {
     /// A counter slot would overflow (see [`CounterOverflow`]).
     #[error(transparent)]
     CounterOverflow(#[from] CounterOverflow),
+    /// A text edit, conversion or op was refused (see [`TextError`]).
+    #[error(transparent)]
+    Text(#[from] TextError),
 }

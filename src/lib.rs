@@ -60,6 +60,8 @@
 //!   [`CausalContext`](causal::CausalContext).
 //! - [`GCounter`], [`PnCounter`]; [`GSet`], [`TwoPhaseSet`], [`OrSet`];
 //!   [`LwwRegister`], [`MvRegister`]; [`OrMap`].
+//! - [`text`]: [`Text`], collaborative plain text that never interleaves
+//!   concurrent typing, with UTF-8 and UTF-16 position conversions.
 //! - [`codec`]: the compact, checked binary encoding of every state.
 //! - `testing` (feature `testing`): the law harness that checks any
 //!   [`Merge`] type, yours included.
@@ -89,6 +91,7 @@ pub mod set;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod text;
 
 pub use counter::{CounterOverflow, GCounter, PnCounter};
 pub use error::Error;
@@ -96,3 +99,4 @@ pub use map::OrMap;
 pub use merge::{DeltaMerge, Merge};
 pub use register::{LamportStamp, LwwRegister, MvRegister};
 pub use set::{GSet, OrSet, TwoPhaseSet};
+pub use text::{Text, TextError, TextOp};

@@ -4,7 +4,7 @@
 
 use calm::occ::Versioned;
 use calm::testing::{Config, chaos, laws};
-use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
+use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, Text, TwoPhaseSet};
 
 fn cfg() -> Config {
     Config::default()
@@ -71,6 +71,7 @@ state_laws! {
     or_map: OrMap<u8, PnCounter>;
     or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
     versioned: Versioned<u8>;
+    text: Text;
 }
 
 mod delta {
@@ -83,5 +84,6 @@ mod delta {
         mv_register: MvRegister<u8>;
         or_map: OrMap<u8, PnCounter>;
         or_map_nested: OrMap<u8, OrMap<bool, OrSet<u8>>>;
+        text: Text;
     }
 }

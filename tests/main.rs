@@ -13,3 +13,4 @@ mod harness;
 mod laws;
 mod serde_input;
 mod store;
+mod text;

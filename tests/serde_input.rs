@@ -43,3 +43,18 @@ fn json_round_trips() {
     assert_eq!(serde_json::from_str::<TwoPhaseSet<u8>>(&json).unwrap(), t);
     assert!(serde_json::from_str::<TwoPhaseSet<u8>>(r#"{"live":[1],"removed":[1]}"#).is_err());
 }
+
+/// Text documents and ops travel through serde as their checked codec
+/// bytes: round trips keep them, and corrupted input is refused.
+#[test]
+fn text_serde_goes_through_the_codec() {
+    let mut doc = calm::Text::new(ReplicaId::new(1));
+    let op = doc.insert(0, "héllo 😀").unwrap();
+    doc.delete(1..3).unwrap();
+    let json = serde_json::to_string(&doc).unwrap();
+    assert_eq!(serde_json::from_str::<calm::Text>(&json).unwrap(), doc);
+    let op_json = serde_json::to_string(&op).unwrap();
+    assert_eq!(serde_json::from_str::<calm::TextOp>(&op_json).unwrap(), op);
+    assert!(serde_json::from_str::<calm::Text>("[1,12,1,1]").is_err());
+    assert!(serde_json::from_str::<calm::TextOp>(&json).is_err());
+}

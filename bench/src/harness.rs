@@ -86,11 +86,17 @@ pub fn measure(mut side: Side<'_>) -> f64 {
 
 /// The medians (seconds per run) of two sides measured in alternating
 /// rounds.
-pub fn compare(mut ours: Side<'_>, mut theirs: Side<'_>) -> (f64, f64) {
+pub fn compare(ours: Side<'_>, theirs: Side<'_>) -> (f64, f64) {
+    compare_rounds(ours, theirs, ROUNDS)
+}
+
+/// As [`compare`] with `rounds` rounds per side (fewer for workloads
+/// whose single run takes seconds).
+pub fn compare_rounds(mut ours: Side<'_>, mut theirs: Side<'_>, rounds: usize) -> (f64, f64) {
     let (n_ours, n_theirs) = (ours.calibrate(), theirs.calibrate());
-    let mut a: Vec<f64> = Vec::with_capacity(ROUNDS);
-    let mut b: Vec<f64> = Vec::with_capacity(ROUNDS);
-    for _ in 0..ROUNDS {
+    let mut a: Vec<f64> = Vec::with_capacity(rounds);
+    let mut b: Vec<f64> = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
         a.push(ours.round(n_ours));
         b.push(theirs.round(n_theirs));
     }

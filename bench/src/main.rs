@@ -1,14 +1,21 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
-//! `cargo run -p calm-bench --release -- <suite>`; suites: `crdt`, `occ`,
-//! `coord`, `adapt`.
+//! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
+//! `occ`, `coord`, `adapt`, `text` (the filter picks traces whose name
+//! contains it).
 
 mod adapt;
+mod alloc;
 mod coord;
 mod crdt;
 mod harness;
 mod occ;
 mod rng;
+mod text;
+
+/// Every allocation is counted, for the heap figures of the `text` suite.
+#[global_allocator]
+static GLOBAL: alloc::Counting = alloc::Counting;
 
 fn main() {
     let suite = std::env::args().nth(1).unwrap_or_else(|| "crdt".into());
@@ -17,8 +24,9 @@ fn main() {
         "occ" => occ::run(),
         "coord" => coord::run(),
         "adapt" => adapt::run(),
+        "text" => text::run(std::env::args().nth(2).as_deref()),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt");
+            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt, text");
             std::process::exit(2);
         }
     };

@@ -8,7 +8,9 @@ use proptest::prelude::*;
 use super::RandomOps;
 use crate::causal::ReplicaId;
 use crate::occ::Versioned;
-use crate::{GCounter, GSet, LwwRegister, Merge, MvRegister, OrMap, OrSet, PnCounter, TwoPhaseSet};
+use crate::{
+    GCounter, GSet, LwwRegister, Merge, MvRegister, OrMap, OrSet, PnCounter, Text, TwoPhaseSet,
+};
 
 /// A random update of a set.
 #[derive(Clone, Debug)]
@@ -30,6 +32,18 @@ pub enum MapOp<K, Op> {
     Insert(K, Op),
     /// Remove a key.
     Remove(K),
+}
+
+/// A random local edit of a [`Text`].
+///
+/// Positions are taken modulo the text's length (plus one for an insert),
+/// so every edit applies to any state.
+#[derive(Clone, Debug)]
+pub enum TextEdit {
+    /// Insert the string at a position.
+    Insert(usize, String),
+    /// Delete up to `len` characters from a position.
+    Delete(usize, usize),
 }
 
 impl RandomOps for GCounter {
@@ -174,5 +188,44 @@ impl<T: Arbitrary + Ord + Clone + Debug + Default + 'static> RandomOps for Versi
     }
     fn apply(&mut self, _: ReplicaId, op: &T) {
         *self = Versioned::new(self.version().next(), op.clone());
+    }
+}
+
+impl RandomOps for Text {
+    type Op = TextEdit;
+    fn op_strategy() -> BoxedStrategy<TextEdit> {
+        // A small alphabet (so runs meet and conflict often) with two-byte,
+        // three-byte and four-byte (UTF-16 surrogate pair) characters.
+        let text = proptest::collection::vec(
+            prop_oneof![
+                6 => proptest::char::range('a', 'e'),
+                1 => Just('é'),
+                1 => Just('日'),
+                1 => Just('😀'),
+            ],
+            1..5,
+        )
+        .prop_map(|cs| cs.into_iter().collect::<String>());
+        prop_oneof![
+            3 => (any::<usize>(), text).prop_map(|(at, s)| TextEdit::Insert(at, s)),
+            1 => (any::<usize>(), 1..4usize).prop_map(|(at, n)| TextEdit::Delete(at, n)),
+        ]
+        .boxed()
+    }
+    fn apply(&mut self, replica: ReplicaId, op: &TextEdit) {
+        self.set_replica(replica);
+        let len = self.len();
+        // In-range by construction, so the results are always `Ok`.
+        match op {
+            TextEdit::Insert(at, s) => {
+                let _ = self.insert(at % (len + 1), s);
+            }
+            TextEdit::Delete(at, n) => {
+                if len > 0 {
+                    let start = at % len;
+                    let _ = self.delete(start..(start + n).min(len));
+                }
+            }
+        }
     }
 }

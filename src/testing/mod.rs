@@ -77,7 +77,7 @@ pub mod laws;
 pub mod linearizability;
 pub mod servers;
 
-pub use impls::{MapOp, SetOp};
+pub use impls::{MapOp, SetOp, TextEdit};
 
 /// How to make random local updates to a type, so the harness can build
 /// random histories of it.

@@ -1,0 +1,632 @@
+//! [`Text`]: the document type, its local edits and its readers.
+
+use std::fmt;
+use std::ops::Range;
+
+use super::error::TextError;
+use super::history::History;
+use super::integrate::Pending;
+use super::leaf::{Run, char_len};
+use super::op::{Content, Insertion, OpKind, Target, TextOp, push_target};
+use super::tree::{Metrics, Tree};
+use super::{MAX_CHARS, NONE};
+use crate::causal::{Dot, ReplicaId};
+
+/// Appends the ids of items `lv .. lv + n` to `targets` (from the top down
+/// when `reversed`).
+pub(crate) fn push_targets(
+    history: &History,
+    hint: &mut usize,
+    targets: &mut Vec<Target>,
+    lv: u32,
+    n: u32,
+    reversed: bool,
+) {
+    let first = targets.len();
+    history.pieces(hint, lv, n, |e, lv, k| {
+        let entry = &history.inserts[e];
+        let start = Dot::new(
+            history.agents[entry.agent as usize].id,
+            entry.counter + u64::from(lv - entry.lv),
+        );
+        let t = Target {
+            start,
+            len: k,
+            reversed,
+        };
+        if reversed {
+            // Pieces come lowest first; a backward deletion lists them
+            // highest first. Collect them unjoined, then reverse and join.
+            targets.push(t);
+        } else {
+            push_target(targets, t);
+        }
+    });
+    if reversed {
+        let pieces: Vec<Target> = targets.drain(first..).rev().collect();
+        for t in pieces {
+            push_target(targets, t);
+        }
+    }
+}
+
+/// A collaborative plain-text document: a sequence CRDT of characters.
+///
+/// Every replica holds a `Text`, edits it locally with [`insert`] and
+/// [`delete`], and shares the edits in one of three ways, freely mixed:
+///
+/// - **ops**: each edit returns a [`TextOp`] for the others to
+///   [`apply`](Text::apply) (op-based sync, for live collaboration);
+/// - **deltas**: a peer sends its [`version_vector`] and gets back
+///   [`delta`], everything it lacks, to [`merge`] (catching up);
+/// - **states**: [`merge`] a whole other `Text` (state-based sync).
+///
+/// # Units
+///
+/// Positions and lengths are in **characters**: Unicode scalar values, what
+/// `str::chars` yields. `"é"` is one character (two UTF-8 bytes), `"😀"` is
+/// one (four bytes, two UTF-16 units), `"e\u{301}"` (e and a combining
+/// accent) is two. Editors that count UTF-16 units (JavaScript, Java, VS
+/// Code, LSP) or bytes convert with [`utf16_to_chars`](Text::utf16_to_chars)
+/// and [`utf8_to_chars`](Text::utf8_to_chars) and back, in O(log n).
+///
+/// # Contract
+///
+/// Merge is commutative, associative and idempotent, and ops may arrive in
+/// any order, twice, or late: every replica that has seen the same edits
+/// holds the same text. Concurrent insertions at one place never
+/// interleave their characters (see the [module docs](super) for the rule).
+/// Each replica must have its own [`ReplicaId`]: two live replicas editing
+/// under one id produce clashing ids and diverge. Use [`fork`](Text::fork)
+/// to start a new replica from an existing document.
+///
+/// `Text` is `Send + Sync` and has no internal locks. Its serde form is its
+/// [`codec`](crate::codec) bytes, checked the same way on the way in.
+///
+/// # Performance
+///
+/// Local edits cost O(log n), usually O(1) near the last edit (a cursor
+/// cache); memory is about the visible text plus a few bytes per run of
+/// consecutive typing, never an object per character. See the
+/// [module docs](super) for the structures and measured figures.
+///
+/// # Examples
+///
+/// Two replicas diverge and converge:
+///
+/// ```
+/// use calm::causal::ReplicaId;
+/// use calm::text::Text;
+/// use calm::{DeltaMerge, Merge};
+///
+/// let mut alice = Text::new(ReplicaId::new(1));
+/// alice.insert(0, "Hello world")?;
+/// let mut bob = alice.fork(ReplicaId::new(2));
+///
+/// alice.insert(5, ",")?;              // "Hello, world"
+/// bob.delete(6..11)?;                 // "Hello "
+/// bob.insert(6, "there")?;            // "Hello there"
+///
+/// alice.merge(&bob.delta(&alice.version_vector()));
+/// bob.merge(&alice);
+/// assert_eq!(alice, bob);
+/// assert_eq!(alice.to_string(), "Hello, there");
+/// # Ok::<(), calm::Error>(())
+/// ```
+///
+/// [`insert`]: Text::insert
+/// [`delete`]: Text::delete
+/// [`version_vector`]: crate::DeltaMerge::version_vector
+/// [`delta`]: crate::DeltaMerge::delta
+/// [`merge`]: crate::Merge::merge
+#[derive(Clone)]
+pub struct Text {
+    /// The replica local edits are made as. Not part of the state: two
+    /// replicas with the same edits are equal whatever their ids.
+    pub(crate) replica: ReplicaId,
+    /// Every item in document order, with the visible text.
+    pub(crate) tree: Tree,
+    /// Ids, origins and deletions of every item, by local version.
+    pub(crate) history: History,
+    /// Ops waiting for the events they build on.
+    pub(crate) pending: Pending,
+    /// The last right origin a local insert named, with its id: a burst
+    /// of typing names the same one again and again, and looking an id up
+    /// is a binary search of the insert log. Local versions never change
+    /// their id, so this never goes stale.
+    right_origin: (u32, Option<Dot>),
+    /// `replica`'s index in `history.agents` once it made an event, to skip
+    /// a map lookup per keystroke. Checked against the id on every use, so
+    /// a fork or a replaced history cannot make it wrong.
+    local: u32,
+    /// The insert entry the last local deletion hit (see
+    /// [`History::pieces`]).
+    delete_hint: usize,
+}
+
+impl Default for Text {
+    /// An empty document with a random replica id ([`ReplicaId::random`]).
+    fn default() -> Self {
+        Self::new(ReplicaId::random())
+    }
+}
+
+impl Text {
+    /// Creates an empty document edited as `replica`.
+    pub fn new(replica: ReplicaId) -> Self {
+        Self {
+            replica,
+            tree: Tree::default(),
+            history: History::default(),
+            pending: Pending::default(),
+            right_origin: (NONE, None),
+            local: NONE,
+            delete_hint: 0,
+        }
+    }
+
+    /// A copy of this document, edited from now on as `replica`: how a new
+    /// participant joins (the copy can also come from the codec).
+    ///
+    /// `replica` must differ from every other live replica's.
+    pub fn fork(&self, replica: ReplicaId) -> Self {
+        let mut copy = self.clone();
+        copy.replica = replica;
+        copy
+    }
+
+    /// The replica local edits are made as.
+    pub fn replica(&self) -> ReplicaId {
+        self.replica
+    }
+
+    /// Number of characters (Unicode scalar values).
+    pub fn len(&self) -> usize {
+        self.tree.metrics().chars
+    }
+
+    /// Whether the text is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Length in UTF-8 bytes.
+    pub fn len_utf8(&self) -> usize {
+        self.tree.metrics().bytes
+    }
+
+    /// Length in UTF-16 code units.
+    pub fn len_utf16(&self) -> usize {
+        self.tree.metrics().utf16
+    }
+
+    /// Inserts `text` at character position `pos` (in Unicode scalar
+    /// values, `0 ..= len()`), and returns the op for the other replicas.
+    ///
+    /// An empty `text` changes nothing and returns an empty op.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::PositionOutOfBounds`] if `pos > len()`;
+    /// [`TextError::TooLarge`] if the document would pass
+    /// [`MAX_CHARS`](super::MAX_CHARS) inserted characters. The text is
+    /// unchanged.
+    ///
+    /// # Performance
+    ///
+    /// O(log n), and O(1) plus the text copy when typing on where the last
+    /// edit was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::{Text, TextError};
+    ///
+    /// let mut t = Text::new(ReplicaId::new(1));
+    /// t.insert(0, "ab")?;
+    /// t.insert(1, "😀")?; // one character
+    /// assert_eq!(t.to_string(), "a😀b");
+    /// assert_eq!(t.insert(4, "x"), Err(TextError::PositionOutOfBounds { pos: 4, len: 3 }));
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn insert(&mut self, pos: usize, text: &str) -> Result<TextOp, TextError> {
+        let len = self.len();
+        if pos > len {
+            return Err(TextError::PositionOutOfBounds { pos, len });
+        }
+        let counter = self.next_counter()?;
+        let n = char_len(text);
+        if u64::from(self.history.items) + n as u64 > MAX_CHARS {
+            return Err(TextError::TooLarge { max: MAX_CHARS });
+        }
+        let mut ins = Insertion {
+            origin_left: None,
+            origin_right: None,
+            len: n as u32,
+            text: Content::from(text),
+            hidden: Vec::new(),
+        };
+        if n > 0 {
+            let agent = self.local_agent();
+            let at = self.tree.insert_point(pos);
+            let (left, right) = self.tree.neighbors(at);
+            let lv = self
+                .history
+                .push_insert(agent, counter, n as u32, left, right);
+            self.tree.insert(at, Run::new(lv, n as u32, false), text);
+            ins.origin_left = self.dot_of(left);
+            if self.right_origin.0 != right {
+                self.right_origin = (right, self.dot_of(right));
+            }
+            ins.origin_right = self.right_origin.1;
+        }
+        Ok(TextOp {
+            id: Dot::new(self.replica, counter),
+            kind: OpKind::Insert(ins),
+        })
+    }
+
+    /// Deletes the characters in `range` (character positions, Unicode
+    /// scalar values), and returns the op for the other replicas.
+    ///
+    /// An empty range changes nothing and returns an empty op.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::RangeOutOfBounds`] if the range ends past `len()` or
+    /// starts after it ends. The text is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::{Text, TextError};
+    ///
+    /// let mut t = Text::new(ReplicaId::new(1));
+    /// t.insert(0, "héllo")?;
+    /// t.delete(1..2)?;
+    /// assert_eq!(t.to_string(), "hllo");
+    /// assert!(matches!(t.delete(2..9), Err(TextError::RangeOutOfBounds { .. })));
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn delete(&mut self, range: Range<usize>) -> Result<TextOp, TextError> {
+        let len = self.len();
+        if range.start > range.end || range.end > len {
+            return Err(TextError::RangeOutOfBounds {
+                start: range.start,
+                end: range.end,
+                len,
+            });
+        }
+        let counter = self.next_counter()?;
+        let mut targets = Vec::new();
+        if !range.is_empty() {
+            let agent = self.local_agent();
+            let history = &mut self.history;
+            let hint = &mut self.delete_hint;
+            let mut c = counter;
+            self.tree.delete_chars(range.start, range.len(), |lv, n| {
+                history.push_delete(agent, c, lv, n, false);
+                c += u64::from(n);
+                push_targets(history, hint, &mut targets, lv, n, false);
+            });
+        }
+        Ok(TextOp {
+            id: Dot::new(self.replica, counter),
+            kind: OpKind::Delete(targets),
+        })
+    }
+
+    /// The counter of this replica's next event.
+    fn next_counter(&self) -> Result<u64, TextError> {
+        let known = match self.history.agents.get(self.local as usize) {
+            Some(a) if a.id == self.replica => a.known,
+            _ => self.history.known(self.replica),
+        };
+        known
+            .checked_add(1)
+            .ok_or(TextError::TooLarge { max: MAX_CHARS })
+    }
+
+    /// This replica's agent index, adding it to the history if new.
+    fn local_agent(&mut self) -> u32 {
+        match self.history.agents.get(self.local as usize) {
+            Some(a) if a.id == self.replica => self.local,
+            _ => {
+                self.local = self.history.intern(self.replica);
+                self.local
+            }
+        }
+    }
+
+    /// The id of the item `lv`, or `None` for [`NONE`].
+    pub(crate) fn dot_of(&self, lv: u32) -> Option<Dot> {
+        (lv != NONE).then(|| {
+            let (r, c) = self.history.id_of(lv);
+            Dot::new(r, c)
+        })
+    }
+
+    /// The text, one chunk (a few hundred bytes to a few KiB) at a time, in
+    /// order. Concatenated they are [`to_string`](ToString::to_string).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::Text;
+    ///
+    /// let mut t = Text::new(ReplicaId::new(1));
+    /// t.insert(0, "abc")?;
+    /// assert_eq!(t.chunks().collect::<String>(), "abc");
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn chunks(&self) -> Chunks<'_> {
+        Chunks {
+            tree: &self.tree,
+            at: 0,
+        }
+    }
+
+    /// Converts a UTF-16 offset to a character position.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::PositionOutOfBounds`] past the end,
+    /// [`TextError::NotCharBoundary`] between the two halves of a surrogate
+    /// pair.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::Text;
+    ///
+    /// let mut t = Text::new(ReplicaId::new(1));
+    /// t.insert(0, "a😀b")?;
+    /// assert_eq!(t.utf16_to_chars(3)?, 2); // after the emoji
+    /// assert_eq!(t.chars_to_utf16(2)?, 3);
+    /// assert!(t.utf16_to_chars(2).is_err()); // inside it
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn utf16_to_chars(&self, utf16: usize) -> Result<usize, TextError> {
+        self.unit_to_chars(utf16, |m| m.utf16, char::len_utf16)
+    }
+
+    /// Converts a character position (`0 ..= len()`) to a UTF-16 offset.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::PositionOutOfBounds`] if `chars > len()`.
+    pub fn chars_to_utf16(&self, chars: usize) -> Result<usize, TextError> {
+        self.chars_to_unit(chars, |m| m.utf16, char::len_utf16)
+    }
+
+    /// Converts a UTF-8 byte offset to a character position.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::PositionOutOfBounds`] past the end,
+    /// [`TextError::NotCharBoundary`] inside a multi-byte character.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::Text;
+    ///
+    /// let mut t = Text::new(ReplicaId::new(1));
+    /// t.insert(0, "日本")?;
+    /// assert_eq!(t.utf8_to_chars(3)?, 1);
+    /// assert_eq!(t.chars_to_utf8(2)?, 6);
+    /// assert!(t.utf8_to_chars(4).is_err());
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn utf8_to_chars(&self, byte: usize) -> Result<usize, TextError> {
+        self.unit_to_chars(byte, |m| m.bytes, char::len_utf8)
+    }
+
+    /// Converts a character position (`0 ..= len()`) to a UTF-8 byte
+    /// offset.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::PositionOutOfBounds`] if `chars > len()`.
+    pub fn chars_to_utf8(&self, chars: usize) -> Result<usize, TextError> {
+        self.chars_to_unit(chars, |m| m.bytes, char::len_utf8)
+    }
+
+    fn unit_to_chars(
+        &self,
+        offset: usize,
+        unit: fn(&Metrics) -> usize,
+        width: fn(char) -> usize,
+    ) -> Result<usize, TextError> {
+        let len = unit(&self.tree.metrics());
+        if offset > len {
+            return Err(TextError::PositionOutOfBounds { pos: offset, len });
+        }
+        self.tree
+            .unit_to_chars(offset, unit, width)
+            .map_err(|()| TextError::NotCharBoundary { offset })
+    }
+
+    fn chars_to_unit(
+        &self,
+        chars: usize,
+        unit: fn(&Metrics) -> usize,
+        width: fn(char) -> usize,
+    ) -> Result<usize, TextError> {
+        let len = self.len();
+        if chars > len {
+            return Err(TextError::PositionOutOfBounds { pos: chars, len });
+        }
+        Ok(self.tree.chars_to_unit(chars, unit, width))
+    }
+
+    /// The items in document order as `(replica, first counter, count,
+    /// deleted)`, joined across runs and leaves: the part of the state that
+    /// equality compares besides the text and the version vector.
+    fn id_runs(&self) -> Vec<(ReplicaId, u64, u32, bool)> {
+        let mut out: Vec<(ReplicaId, u64, u32, bool)> = Vec::new();
+        for leaf in self.tree.leaves() {
+            for run in &leaf.runs {
+                self.history.pieces(&mut 0, run.lv, run.len(), |e, lv, k| {
+                    let entry = &self.history.inserts[e];
+                    let id = self.history.agents[entry.agent as usize].id;
+                    let c = entry.counter + u64::from(lv - entry.lv);
+                    match out.last_mut() {
+                        Some(last)
+                            if last.0 == id
+                                && last.1 + u64::from(last.2) == c
+                                && last.3 == run.deleted() =>
+                        {
+                            last.2 += k;
+                        }
+                        _ => out.push((id, c, k, run.deleted())),
+                    }
+                });
+            }
+        }
+        out
+    }
+
+    /// Checks every internal invariant, panicking with a description of the
+    /// first one broken. Tests call it after each step; it costs O(n log n).
+    ///
+    /// # Panics
+    ///
+    /// If the document is corrupted, which would be a bug in calm.
+    pub fn assert_invariants(&self) {
+        self.tree.assert_invariants();
+        let h = &self.history;
+        assert!(
+            h.inserts.windows(2).all(|w| w[0].lv < w[1].lv),
+            "insert log order"
+        );
+        assert_eq!(h.inserts.first().map_or(0, |e| e.lv), 0, "insert log start");
+        let items: u64 = self
+            .tree
+            .leaves()
+            .flat_map(|l| l.runs.iter())
+            .map(|r| u64::from(r.len()))
+            .sum();
+        assert_eq!(items, u64::from(h.items), "every item in the tree");
+        for agent in &h.agents {
+            let mut events: Vec<(u64, u64)> = agent
+                .inserts
+                .iter()
+                .map(|&e| {
+                    let c = h.inserts[e as usize].counter;
+                    (c, c + u64::from(h.entry_len(e as usize)))
+                })
+                .chain(
+                    agent
+                        .deletes
+                        .iter()
+                        .map(|d| (d.counter, d.counter + u64::from(d.len()))),
+                )
+                .collect();
+            events.sort_unstable();
+            let mut next = 1;
+            for (s, e) in events {
+                assert_eq!(s, next, "events of {:?} not contiguous", agent.id);
+                next = e;
+            }
+            assert_eq!(next - 1, agent.known, "known count of {:?}", agent.id);
+        }
+        for d in h.agents.iter().flat_map(|a| &a.deletes) {
+            for lv in [d.target, d.target + d.len() - 1] {
+                let pos = self.tree.locate(lv).expect("delete target in tree");
+                let run = self.tree.run_at(pos).expect("run at target");
+                assert!(run.deleted(), "deleted item {lv} is visible");
+            }
+        }
+        self.pending.assert_invariants(|r| h.known(r));
+    }
+}
+
+impl PartialEq for Text {
+    /// Equal when both hold the same edits: same version vector, same items
+    /// in the same order with the same deletions, same text, same buffered
+    /// ops. The replica ids of the two copies do not matter.
+    fn eq(&self, other: &Self) -> bool {
+        let vv = |t: &Text| {
+            let mut v: Vec<(ReplicaId, u64)> = t
+                .history
+                .agents
+                .iter()
+                .filter(|a| a.known > 0)
+                .map(|a| (a.id, a.known))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        self.tree.metrics() == other.tree.metrics()
+            && vv(self) == vv(other)
+            && self.pending == other.pending
+            && self
+                .chunks()
+                .flat_map(str::chars)
+                .eq(other.chunks().flat_map(str::chars))
+            && self.id_runs() == other.id_runs()
+    }
+}
+
+impl Eq for Text {}
+
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for chunk in self.chunks() {
+            f.write_str(chunk)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let items: Vec<String> = self
+            .id_runs()
+            .iter()
+            .map(|(r, c, k, d)| format!("{}{:?}.{}+{}", if *d { "x" } else { "" }, r, c, k))
+            .collect();
+        let version: Vec<(ReplicaId, u64)> = self
+            .history
+            .agents
+            .iter()
+            .map(|a| (a.id, a.known))
+            .collect();
+        f.debug_struct("Text")
+            .field("replica", &self.replica)
+            .field("text", &self.to_string())
+            .field("version", &version)
+            .field("items", &items)
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+/// The text of a [`Text`] in chunks, from [`Text::chunks`].
+#[derive(Clone, Debug)]
+pub struct Chunks<'a> {
+    tree: &'a Tree,
+    /// The next leaf to yield, or [`NONE`].
+    at: u32,
+}
+
+impl<'a> Iterator for Chunks<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        while self.at != NONE {
+            let leaf = self.tree.leaf(self.at);
+            self.at = leaf.next;
+            if !leaf.text.is_empty() {
+                return Some(&leaf.text);
+            }
+        }
+        None
+    }
+}

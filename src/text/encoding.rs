@@ -1,0 +1,361 @@
+//! The binary form of [`TextOp`] and [`Text`] (see [`crate::codec`] for the
+//! header, varints and the trust rules).
+//!
+//! An op is its id, a kind byte and a body: for an insertion the two
+//! origins, the visible text and the hidden stretches; for a deletion its
+//! targets. Ids inside a body that belong to the op's own replica are
+//! written as "this replica, `k` events back", one or two bytes.
+//!
+//! A document is written as the ops that rebuild it, grouped by replica:
+//!
+//! ```text
+//!   replicas   count, ids in ascending order
+//!   versions   per replica: how many events (its version vector entry)
+//!   ops        per replica, counters 1, 2, ... with no gaps: each op as a
+//!              kind byte and a body (its id is implicit); other replicas
+//!              are named by their index in the table
+//!   buffered   count, then each buffered op in full
+//! ```
+//!
+//! Ops are maximal (no two neighbours could be joined) and in counter
+//! order, so equal documents encode to equal bytes. Decoding replays the
+//! ops through [`Text::apply`]'s integration, which checks every id,
+//! origin and target; an encoding whose ops cannot all be integrated is a
+//! [`DecodeError`]. Every allocation is bounded by the input: lengths are
+//! checked against the bytes left, and a long run of deleted characters
+//! costs one 8-byte run however long it claims to be.
+
+use super::document::Text;
+use super::leaf::char_len;
+use super::op::{Content, Insertion, OpKind, Target, TextOp};
+use crate::causal::{Dot, ReplicaId};
+use crate::codec::{self, Codec, DecodeError, Decoder, Encoder, Tagged, tags};
+
+/// How ids of other replicas are written inside a body.
+#[derive(Clone, Copy)]
+enum Names<'a> {
+    /// As the replica id itself (a standalone op).
+    Raw,
+    /// As an index into the document's replica table.
+    Table(&'a [ReplicaId]),
+}
+
+impl Names<'_> {
+    fn write(self, enc: &mut Encoder, r: ReplicaId) {
+        match self {
+            Names::Raw => r.encode(enc),
+            Names::Table(t) => enc.varint(t.partition_point(|&x| x < r) as u64),
+        }
+    }
+
+    fn read(self, dec: &mut Decoder<'_>) -> Result<ReplicaId, DecodeError> {
+        match self {
+            Names::Raw => ReplicaId::decode(dec),
+            Names::Table(t) => {
+                let i = dec.varint()?;
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| t.get(i).copied())
+                    .ok_or_else(|| dec.invalid("replica index out of range"))
+            }
+        }
+    }
+}
+
+/// Writes an id seen from an op with id `me`: 1 and a distance back for
+/// the op's own replica, 2 and the replica for another.
+fn write_dot(enc: &mut Encoder, names: Names<'_>, me: Dot, d: Dot) {
+    if d.replica() == me.replica() && d.counter() < me.counter() {
+        enc.byte(1);
+        enc.varint(me.counter() - d.counter());
+    } else {
+        enc.byte(2);
+        names.write(enc, d.replica());
+        enc.varint(d.counter());
+    }
+}
+
+fn read_dot(dec: &mut Decoder<'_>, names: Names<'_>, me: Dot, tag: u8) -> Result<Dot, DecodeError> {
+    let offset = dec.offset();
+    match tag {
+        1 => {
+            let back = dec.varint()?;
+            match me.counter().checked_sub(back) {
+                Some(c) if back > 0 && c > 0 => Ok(Dot::new(me.replica(), c)),
+                _ => Err(dec.invalid("id distance out of range")),
+            }
+        }
+        2 => {
+            let r = names.read(dec)?;
+            let c = dec.varint()?;
+            if r == me.replica() && c < me.counter() {
+                // Must have been written as a distance.
+                return Err(DecodeError::Invalid {
+                    offset,
+                    what: "id not in its shortest form",
+                });
+            }
+            if c == 0 {
+                return Err(dec.invalid("dot counter is zero"));
+            }
+            Ok(Dot::new(r, c))
+        }
+        tag => Err(DecodeError::BadTag {
+            offset,
+            tag: u64::from(tag),
+            what: "text id",
+        }),
+    }
+}
+
+fn write_origin(enc: &mut Encoder, names: Names<'_>, me: Dot, d: Option<Dot>) {
+    match d {
+        None => enc.byte(0),
+        Some(d) => write_dot(enc, names, me, d),
+    }
+}
+
+fn read_origin(
+    dec: &mut Decoder<'_>,
+    names: Names<'_>,
+    me: Dot,
+) -> Result<Option<Dot>, DecodeError> {
+    match dec.byte()? {
+        0 => Ok(None),
+        tag => read_dot(dec, names, me, tag).map(Some),
+    }
+}
+
+/// Writes the kind and body of `op` (not its id).
+fn write_body(enc: &mut Encoder, names: Names<'_>, op: &TextOp) {
+    match &op.kind {
+        OpKind::Insert(ins) => {
+            enc.byte(0);
+            write_origin(enc, names, op.id, ins.origin_left);
+            write_origin(enc, names, op.id, ins.origin_right);
+            enc.bytes(ins.text.as_bytes());
+            enc.length(ins.hidden.len());
+            let mut prev = 0;
+            for &(o, l) in &ins.hidden {
+                enc.varint(u64::from(o - prev));
+                enc.varint(u64::from(l));
+                prev = o + l;
+            }
+        }
+        OpKind::Delete(targets) => {
+            enc.byte(1);
+            enc.length(targets.len());
+            for t in targets {
+                write_dot(enc, names, op.id, t.start);
+                enc.varint(u64::from(t.len) << 1 | u64::from(t.reversed));
+            }
+        }
+    }
+}
+
+/// Reads a kind and body for an op with id `id`, checking the op rules.
+fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp, DecodeError> {
+    let offset = dec.offset();
+    let kind = match dec.byte()? {
+        0 => {
+            let origin_left = read_origin(dec, names, id)?;
+            let origin_right = read_origin(dec, names, id)?;
+            let text = Content::from(String::decode(dec)?);
+            let n = dec.length()?;
+            let mut hidden = Vec::with_capacity(n);
+            let mut prev = 0u64;
+            for _ in 0..n {
+                let o = prev + dec.varint()?;
+                let l = dec.varint()?;
+                let (Ok(o32), Ok(l32)) = (u32::try_from(o), u32::try_from(l)) else {
+                    return Err(dec.invalid("hidden stretch too long"));
+                };
+                hidden.push((o32, l32));
+                prev = o + l;
+            }
+            let len = char_len(&text) as u64 + hidden.iter().map(|h| u64::from(h.1)).sum::<u64>();
+            let len = u32::try_from(len).map_err(|_| dec.invalid("insert too long"))?;
+            OpKind::Insert(Insertion {
+                origin_left,
+                origin_right,
+                len,
+                text,
+                hidden,
+            })
+        }
+        1 => {
+            let n = dec.length()?;
+            let mut targets = Vec::with_capacity(n);
+            for _ in 0..n {
+                let tag = dec.byte()?;
+                let start = read_dot(dec, names, id, tag)?;
+                let packed = dec.varint()?;
+                let len = u32::try_from(packed >> 1).map_err(|_| dec.invalid("delete too long"))?;
+                targets.push(Target {
+                    start,
+                    len,
+                    reversed: packed & 1 == 1,
+                });
+            }
+            OpKind::Delete(targets)
+        }
+        tag => {
+            return Err(DecodeError::BadTag {
+                offset,
+                tag: u64::from(tag),
+                what: "text op kind",
+            });
+        }
+    };
+    let op = TextOp { id, kind };
+    op.check()
+        .map_err(|what| DecodeError::Invalid { offset, what })?;
+    Ok(op)
+}
+
+impl Codec for TextOp {
+    fn encode(&self, enc: &mut Encoder) {
+        self.id.encode(enc);
+        write_body(enc, Names::Raw, self);
+    }
+
+    fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
+        let id = Dot::decode(dec)?;
+        read_body(dec, Names::Raw, id)
+    }
+}
+
+impl Tagged for TextOp {
+    const TAG: u8 = tags::TEXT_OP;
+}
+
+impl Codec for Text {
+    fn encode(&self, enc: &mut Encoder) {
+        let mut agents: Vec<(ReplicaId, u64)> = self
+            .history
+            .agents
+            .iter()
+            .filter(|a| a.known > 0)
+            .map(|a| (a.id, a.known))
+            .collect();
+        agents.sort_unstable();
+        let table: Vec<ReplicaId> = agents.iter().map(|a| a.0).collect();
+        codec::encode_seq(enc, table.len(), &table);
+        for &(_, known) in &agents {
+            enc.varint(known);
+        }
+        for op in self.ops_after(|_| 0) {
+            write_body(enc, Names::Table(&table), &op);
+        }
+        enc.length(self.pending.iter().count());
+        for op in self.pending.iter() {
+            op.encode(enc);
+        }
+    }
+
+    fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
+        let mut table = Vec::new();
+        codec::decode_sorted(dec, ReplicaId::decode, |r| table.push(r))?;
+        let mut known = Vec::with_capacity(table.len());
+        for _ in &table {
+            match dec.varint()? {
+                0 => return Err(dec.invalid("replica without events")),
+                k => known.push(k),
+            }
+        }
+        let mut text = Text::default();
+        let mut visible = 0usize;
+        for (&r, &k) in table.iter().zip(&known) {
+            let mut counter = 1;
+            let mut prev: Option<TextOp> = None;
+            while counter <= k {
+                let offset = dec.offset();
+                let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
+                let invalid = |what| DecodeError::Invalid { offset, what };
+                if op.is_empty() || op.end() - 1 > k {
+                    return Err(invalid("op empty or past its replica's version"));
+                }
+                if prev.is_some_and(|mut p| p.try_append(&op)) {
+                    return Err(invalid("ops not joined"));
+                }
+                counter = op.end();
+                if let OpKind::Insert(ins) = &op.kind {
+                    visible += char_len(&ins.text);
+                }
+                text.pending.push(op.clone(), 0);
+                prev = Some(op);
+            }
+        }
+        text.drain();
+        let end = dec.offset();
+        let complete = table
+            .iter()
+            .zip(&known)
+            .all(|(&r, &k)| text.history.known(r) == k);
+        if !complete || !text.pending.is_empty() {
+            return Err(DecodeError::Invalid {
+                offset: end,
+                what: "ops with missing or invalid dependencies",
+            });
+        }
+        if text.len() != visible {
+            return Err(DecodeError::Invalid {
+                offset: end,
+                what: "text sent for a deleted character",
+            });
+        }
+        let n = dec.length()?;
+        let mut prev: Option<TextOp> = None;
+        for _ in 0..n {
+            let offset = dec.offset();
+            let op = TextOp::decode(dec)?;
+            let invalid = |what| DecodeError::Invalid { offset, what };
+            if op.is_empty() || op.id.counter() <= text.history.known(op.replica()) {
+                return Err(invalid("buffered op empty or already applied"));
+            }
+            if let Some(p) = &prev {
+                let order = (p.replica(), p.end()) <= (op.replica(), op.id.counter());
+                if !order || p.clone().try_append(&op) {
+                    return Err(invalid(
+                        "buffered ops out of order, overlapping or not joined",
+                    ));
+                }
+            }
+            text.pending
+                .by_replica
+                .entry(op.replica())
+                .or_default()
+                .push_back(op.clone());
+            prev = Some(op);
+        }
+        Ok(text)
+    }
+}
+
+impl Tagged for Text {
+    const TAG: u8 = tags::TEXT;
+}
+
+/// serde support for the two top-level text types, through the checked
+/// binary codec: the serde form is the codec's bytes (header included), so
+/// input from any serde format gets the same validation as [`from_bytes`]
+/// (`codec::from_bytes`).
+///
+/// [`from_bytes`]: crate::codec::from_bytes
+macro_rules! serde_via_codec {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(&codec::to_bytes(self))
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let bytes = <Vec<u8> as serde::Deserialize>::deserialize(d)?;
+                codec::from_bytes(&bytes).map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+serde_via_codec!(Text, TextOp);

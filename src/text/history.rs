@@ -1,0 +1,343 @@
+//! Who inserted and deleted what: the replica table, the insert log and the
+//! delete log, all run-length encoded.
+//!
+//! Every character ever inserted gets a *local version* (`lv`): a `u32`
+//! handed out in the order this replica integrated the characters, so local
+//! versions are replica-specific while ids (a replica and its counter, a
+//! [`Dot`](crate::causal::Dot)) are global. Because a character is only
+//! integrated after its origins, **local-version order is a causal order**.
+//!
+//! The insert log is sorted by `lv` and covers every local version exactly
+//! once; an entry stands for a burst of typing: characters with consecutive
+//! counters from one replica, where each one's left origin is the one before
+//! and all share the first one's right origin. An entry's length is implicit
+//! (up to the next entry's `lv`), which keeps entries at 24 bytes.
+//!
+//! ```text
+//!   insert log                       ids            origins of the first item
+//!   lv 0..5   "hello"  replica 1     r1.1 ..= r1.5  (start, end)
+//!   lv 5..11  " world" replica 2     r2.1 ..= r2.6  (r1.5, end)
+//!   delete log: replica 1, r1.6 ..= r1.7 deleted lv 6..8 backwards
+//! ```
+//!
+//! Deletes consume counters too (one per deleted character), so a version
+//! vector counts both kinds of event. The delete log joins consecutive
+//! deletes of one replica whose targets continue each other in either
+//! direction (forward delete, or backspace), as diamond-types does.
+
+use std::collections::BTreeMap;
+
+use crate::causal::ReplicaId;
+
+/// One burst of inserted characters (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InsertEntry {
+    /// Counter of the first character; the others follow one by one.
+    pub(crate) counter: u64,
+    /// Local version of the first character.
+    pub(crate) lv: u32,
+    /// Index of the inserting replica in [`History::agents`].
+    pub(crate) agent: u32,
+    /// Left origin of the first character, or [`NONE`](super::NONE) (document start).
+    pub(crate) origin_left: u32,
+    /// Right origin of every character, or [`NONE`](super::NONE) (document end).
+    pub(crate) origin_right: u32,
+}
+
+/// The top bit of [`DeleteEntry::packed`]: targets were deleted from the
+/// highest local version down.
+const REVERSED: u32 = 1 << 31;
+
+/// Consecutive delete events of one replica whose targets are consecutive
+/// local versions (16 bytes; the replica is the [`Agent`] that holds it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeleteEntry {
+    /// Counter of the first delete event.
+    pub(crate) counter: u64,
+    /// Lowest local version deleted.
+    pub(crate) target: u32,
+    /// Number of events, with [`REVERSED`] or-ed in when event `k` deleted
+    /// `target + len - 1 - k` rather than `target + k`.
+    packed: u32,
+}
+
+impl DeleteEntry {
+    /// Number of delete events (and of targets).
+    pub(crate) fn len(&self) -> u32 {
+        self.packed & !REVERSED
+    }
+
+    /// Whether the events deleted their targets from the top down.
+    pub(crate) fn reversed(&self) -> bool {
+        self.packed & REVERSED != 0
+    }
+}
+
+/// One replica as this document knows it.
+#[derive(Clone, Debug)]
+pub(crate) struct Agent {
+    /// Its id.
+    pub(crate) id: ReplicaId,
+    /// How many of its events (inserted or deleted characters) this
+    /// document holds: exactly counters `1 ..= known`.
+    pub(crate) known: u64,
+    /// Its insert entries, by counter (indices into [`History::inserts`]).
+    pub(crate) inserts: Vec<u32>,
+    /// Its delete entries, by counter.
+    pub(crate) deletes: Vec<DeleteEntry>,
+}
+
+/// What a global id names here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    /// An inserted character, with its local version.
+    Insert(u32),
+    /// A delete event.
+    Delete,
+    /// An event this document has not seen.
+    Unknown,
+}
+
+/// The replica table and both logs.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct History {
+    /// Every replica that made an event here, in order of first appearance.
+    pub(crate) agents: Vec<Agent>,
+    /// Index of each replica in `agents`.
+    by_id: BTreeMap<ReplicaId, u32>,
+    /// Insert entries, sorted by `lv`, covering `0 .. items` without gaps.
+    pub(crate) inserts: Vec<InsertEntry>,
+    /// Number of characters ever inserted: the next local version.
+    pub(crate) items: u32,
+}
+
+impl History {
+    /// The agent index of `id`, if it made any event here.
+    pub(crate) fn agent(&self, id: ReplicaId) -> Option<u32> {
+        self.by_id.get(&id).copied()
+    }
+
+    /// The agent index of `id`, adding it if new.
+    pub(crate) fn intern(&mut self, id: ReplicaId) -> u32 {
+        if let Some(a) = self.agent(id) {
+            return a;
+        }
+        let a = self.agents.len() as u32;
+        self.agents.push(Agent {
+            id,
+            known: 0,
+            inserts: Vec::new(),
+            deletes: Vec::new(),
+        });
+        self.by_id.insert(id, a);
+        a
+    }
+
+    /// How many events of `id` are known (its version vector entry).
+    pub(crate) fn known(&self, id: ReplicaId) -> u64 {
+        self.agent(id).map_or(0, |a| self.agents[a as usize].known)
+    }
+
+    /// Number of characters in insert entry `i`.
+    pub(crate) fn entry_len(&self, i: usize) -> u32 {
+        let end = self.inserts.get(i + 1).map_or(self.items, |e| e.lv);
+        end - self.inserts[i].lv
+    }
+
+    /// Index of the insert entry holding local version `lv` (`< items`).
+    pub(crate) fn entry_of(&self, lv: u32) -> usize {
+        // Local typing asks about the newest entry most of the time.
+        match self.inserts.last() {
+            Some(last) if last.lv <= lv => self.inserts.len() - 1,
+            _ => self.inserts.partition_point(|e| e.lv <= lv) - 1,
+        }
+    }
+
+    /// The replica and counter of the character with local version `lv`.
+    pub(crate) fn id_of(&self, lv: u32) -> (ReplicaId, u64) {
+        let e = &self.inserts[self.entry_of(lv)];
+        (
+            self.agents[e.agent as usize].id,
+            e.counter + u64::from(lv - e.lv),
+        )
+    }
+
+    /// The left and right origins of the character `lv`.
+    pub(crate) fn origins_of(&self, lv: u32) -> (u32, u32) {
+        let e = &self.inserts[self.entry_of(lv)];
+        let left = if lv == e.lv { e.origin_left } else { lv - 1 };
+        (left, e.origin_right)
+    }
+
+    /// What the event `counter` of `id` is here.
+    pub(crate) fn lookup(&self, id: ReplicaId, counter: u64) -> Lookup {
+        let Some(a) = self.agent(id) else {
+            return Lookup::Unknown;
+        };
+        let agent = &self.agents[a as usize];
+        if counter == 0 || counter > agent.known {
+            return Lookup::Unknown;
+        }
+        let i = agent
+            .inserts
+            .partition_point(|&e| self.inserts[e as usize].counter <= counter);
+        if i > 0 {
+            let e = agent.inserts[i - 1] as usize;
+            let entry = &self.inserts[e];
+            let offset = counter - entry.counter;
+            if offset < u64::from(self.entry_len(e)) {
+                return Lookup::Insert(entry.lv + offset as u32);
+            }
+        }
+        Lookup::Delete
+    }
+
+    /// Records `len` characters inserted by `agent` from `counter` (which
+    /// must be the agent's next), with the first character's origins, and
+    /// returns the local version of the first one. Extends the last entry
+    /// when the characters continue it.
+    pub(crate) fn push_insert(
+        &mut self,
+        agent: u32,
+        counter: u64,
+        len: u32,
+        origin_left: u32,
+        origin_right: u32,
+    ) -> u32 {
+        let lv = self.items;
+        let extends = self.inserts.last().is_some_and(|last| {
+            let last_len = u64::from(lv - last.lv);
+            last.agent == agent
+                && last.counter + last_len == counter
+                && origin_left == lv - 1
+                && origin_right == last.origin_right
+        });
+        if !extends {
+            self.agents[agent as usize]
+                .inserts
+                .push(self.inserts.len() as u32);
+            self.inserts.push(InsertEntry {
+                counter,
+                lv,
+                agent,
+                origin_left,
+                origin_right,
+            });
+        }
+        self.items += len;
+        self.agents[agent as usize].known = counter + u64::from(len) - 1;
+        lv
+    }
+
+    /// Records `len` delete events of `agent` from `counter` (its next),
+    /// deleting local versions `target .. target + len`, from the top down
+    /// when `reversed`. Joins the agent's previous delete entry when the
+    /// events and targets continue it.
+    pub(crate) fn push_delete(
+        &mut self,
+        agent: u32,
+        counter: u64,
+        target: u32,
+        len: u32,
+        reversed: bool,
+    ) {
+        let reversed = reversed && len > 1;
+        let agent = &mut self.agents[agent as usize];
+        agent.known = counter + u64::from(len) - 1;
+        if let Some(e) = agent.deletes.last_mut() {
+            if e.counter + u64::from(e.len()) == counter {
+                let forward = (e.len() == 1 || !e.reversed()) && !reversed;
+                let backward = (e.len() == 1 || e.reversed()) && (len == 1 || reversed);
+                if forward && target == e.target + e.len() {
+                    e.packed = e.len() + len;
+                    return;
+                }
+                if backward && target + len == e.target {
+                    e.packed = (e.len() + len) | REVERSED;
+                    e.target = target;
+                    return;
+                }
+            }
+        }
+        agent.deletes.push(DeleteEntry {
+            counter,
+            target,
+            packed: len | if reversed { REVERSED } else { 0 },
+        });
+    }
+
+    /// Calls `visit` for each insert entry piece covering the local
+    /// versions `lv .. lv + n`, in order, as `(entry index, first lv,
+    /// count)`. `hint` is an entry index to try first (deletions tend to
+    /// hit the entry the previous one hit); it is left at the last entry
+    /// visited.
+    pub(crate) fn pieces(
+        &self,
+        hint: &mut usize,
+        mut lv: u32,
+        n: u32,
+        mut visit: impl FnMut(usize, u32, u32),
+    ) {
+        let end = lv + n;
+        let hinted = self
+            .inserts
+            .get(*hint)
+            .is_some_and(|e| e.lv <= lv && lv < e.lv + self.entry_len(*hint));
+        let mut i = if hinted { *hint } else { self.entry_of(lv) };
+        while lv < end {
+            let entry_end = self.inserts[i].lv + self.entry_len(i);
+            let take = entry_end.min(end) - lv;
+            visit(i, lv, take);
+            *hint = i;
+            lv += take;
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::NONE;
+
+    /// Typing extends one entry; a jump starts another; lookups find both.
+    #[test]
+    fn insert_entries_join_and_lookup() {
+        let mut h = History::default();
+        let a = h.intern(ReplicaId::new(1));
+        assert_eq!(h.push_insert(a, 1, 3, NONE, NONE), 0);
+        assert_eq!(h.push_insert(a, 4, 2, 2, NONE), 3);
+        assert_eq!(h.inserts.len(), 1);
+        assert_eq!(h.push_insert(a, 6, 1, 0, 1), 5);
+        assert_eq!(h.inserts.len(), 2);
+        assert_eq!(h.lookup(ReplicaId::new(1), 5), Lookup::Insert(4));
+        assert_eq!(h.lookup(ReplicaId::new(1), 6), Lookup::Insert(5));
+        assert_eq!(h.lookup(ReplicaId::new(1), 7), Lookup::Unknown);
+        assert_eq!(h.origins_of(4), (3, NONE));
+        assert_eq!(h.origins_of(5), (0, 1));
+        assert_eq!(h.id_of(5), (ReplicaId::new(1), 6));
+    }
+
+    /// Backspaces join into one reversed entry, forward deletes into one
+    /// forward entry.
+    #[test]
+    fn delete_entries_join_both_ways() {
+        let mut h = History::default();
+        let a = h.intern(ReplicaId::new(1));
+        h.push_insert(a, 1, 10, NONE, NONE);
+        h.push_delete(a, 11, 9, 1, false);
+        h.push_delete(a, 12, 8, 1, false);
+        h.push_delete(a, 13, 7, 1, false);
+        let deletes = &h.agents[0].deletes;
+        assert_eq!(deletes.len(), 1);
+        assert!(deletes[0].reversed());
+        assert_eq!((deletes[0].target, deletes[0].len()), (7, 3));
+        h.push_delete(a, 14, 0, 2, false);
+        h.push_delete(a, 16, 2, 1, false);
+        let deletes = &h.agents[0].deletes;
+        assert_eq!(deletes.len(), 2);
+        assert_eq!((deletes[1].target, deletes[1].len()), (0, 3));
+        assert_eq!(h.lookup(ReplicaId::new(1), 12), Lookup::Delete);
+        assert_eq!(h.agents[0].known, 16);
+    }
+}

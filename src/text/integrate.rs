@@ -1,0 +1,623 @@
+//! Remote edits: placing a remote insertion (the ordering rule), applying
+//! ops, buffering ops that arrive early, and merge and delta sync on top.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+
+use super::document::{Text, push_targets};
+use super::error::TextError;
+use super::history::{DeleteEntry, Lookup};
+use super::leaf::{Run, char_len};
+use super::op::{Content, Insertion, OpKind, TextOp};
+use super::tree::Pos;
+use super::{MAX_CHARS, NONE};
+use crate::causal::{Dot, ReplicaId, VersionVector};
+use crate::merge::{DeltaMerge, Merge};
+
+/// What [`Text::apply`] did with an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Applied {
+    /// The op (or its part not seen before) is now in the document, and so
+    /// is every buffered op it unblocked.
+    Integrated,
+    /// The op builds on events this replica has not seen yet (an earlier op
+    /// of the same replica, or the characters it names). It is kept and
+    /// applied as soon as they arrive; nothing to do.
+    Buffered,
+    /// Every event of the op was already here (a duplicate, or an empty op).
+    AlreadyKnown,
+}
+
+/// Ops waiting for the events they build on.
+///
+/// Per replica, sorted by counter, not overlapping each other or what the
+/// document holds, and joined with their neighbours where they continue
+/// each other, so that two replicas holding the same waiting edits hold the
+/// same ops (equality and the encoding depend on it).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// The waiting ops of each replica; no queue is empty.
+    pub(crate) by_replica: BTreeMap<ReplicaId, VecDeque<TextOp>>,
+}
+
+impl Pending {
+    /// Whether nothing waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_replica.is_empty()
+    }
+
+    /// Every waiting op, by replica then counter.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &TextOp> {
+        self.by_replica.values().flatten()
+    }
+
+    /// Adds the events of `op` that are neither known (`known` events of its
+    /// replica are) nor already waiting.
+    pub(crate) fn push(&mut self, op: TextOp, known: u64) {
+        let Some(op) = unseen(op, known) else {
+            return;
+        };
+        let queue = self.by_replica.entry(op.replica()).or_default();
+        match queue.back_mut() {
+            None => queue.push_back(op),
+            // Ops mostly arrive in counter order: append, joining if they
+            // continue each other.
+            Some(back) if back.end() <= op.id.counter() => {
+                if !back.try_append(&op) {
+                    queue.push_back(op);
+                }
+            }
+            Some(_) => {
+                let (c0, end) = (op.id.counter(), op.end());
+                let mut pieces = Vec::new();
+                let mut at = c0;
+                for e in queue.iter() {
+                    if e.end() <= at || e.id.counter() >= end {
+                        continue;
+                    }
+                    if e.id.counter() > at {
+                        pieces.push(op.slice((at - c0) as u32, (e.id.counter() - c0) as u32));
+                    }
+                    at = at.max(e.end());
+                }
+                if at < end {
+                    pieces.push(op.slice((at - c0) as u32, (end - c0) as u32));
+                }
+                let mut all: Vec<TextOp> = queue.drain(..).chain(pieces).collect();
+                all.sort_by_key(|o| o.id.counter());
+                for o in all {
+                    let joined = queue.back_mut().is_some_and(|back| back.try_append(&o));
+                    if !joined {
+                        queue.push_back(o);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks the invariants in the type docs against `known`.
+    pub(crate) fn assert_invariants(&self, known: impl Fn(ReplicaId) -> u64) {
+        for (r, queue) in &self.by_replica {
+            assert!(!queue.is_empty(), "empty pending queue");
+            let mut at = known(*r) + 1;
+            let mut prev: Option<&TextOp> = None;
+            for op in queue {
+                assert!(!op.is_empty() && op.id.counter() >= at, "pending overlap");
+                if let Some(p) = prev {
+                    assert!(!p.clone().try_append(op), "pending ops not joined");
+                }
+                at = op.end();
+                prev = Some(op);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// The part of `op` after the first `known` events of its replica, if any.
+fn unseen(op: TextOp, known: u64) -> Option<TextOp> {
+    // Counters are at least 1 and `end() - 1` is the last one, so none of
+    // this overflows even for a hostile `known` of `u64::MAX`.
+    if op.is_empty() || op.end() - 1 <= known {
+        None
+    } else if op.id.counter() <= known {
+        let skip = (known - op.id.counter() + 1) as u32;
+        Some(op.slice(skip, op.len32()))
+    } else {
+        Some(op)
+    }
+}
+
+impl Text {
+    /// Applies an op made by another replica (or this one, which is a
+    /// no-op), and any buffered ops it unblocks.
+    ///
+    /// Ops may come in any order and any number of times: an op whose
+    /// earlier events have not arrived is buffered ([`Applied::Buffered`])
+    /// and applied when they do; an op already seen is ignored
+    /// ([`Applied::AlreadyKnown`]).
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::InvalidOp`] if the op breaks the rules ops obey (an
+    /// origin that is a deletion, lengths that do not add up), and
+    /// [`TextError::TooLarge`] past [`MAX_CHARS`]. The document is
+    /// unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::text::{Applied, Text};
+    ///
+    /// let mut a = Text::new(ReplicaId::new(1));
+    /// let first = a.insert(0, "hi")?;
+    /// let second = a.insert(2, "!")?;
+    ///
+    /// let mut b = Text::new(ReplicaId::new(2));
+    /// assert_eq!(b.apply(&second)?, Applied::Buffered); // too early
+    /// assert_eq!(b.to_string(), "");
+    /// assert_eq!(b.apply(&first)?, Applied::Integrated); // unblocks `second`
+    /// assert_eq!(b.to_string(), "hi!");
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn apply(&mut self, op: &TextOp) -> Result<Applied, TextError> {
+        op.check().map_err(|what| TextError::InvalidOp { what })?;
+        let known = self.history.known(op.replica());
+        let Some(op) = unseen(op.clone(), known) else {
+            return Ok(Applied::AlreadyKnown);
+        };
+        if op.id.counter() - 1 == known && self.try_integrate(&op)? {
+            self.drain();
+            return Ok(Applied::Integrated);
+        }
+        self.pending.push(op, known);
+        Ok(Applied::Buffered)
+    }
+
+    /// Number of buffered ops waiting for events they build on.
+    pub fn buffered_ops(&self) -> usize {
+        self.pending.iter().count()
+    }
+
+    /// Every op of this document a replica at version `since` lacks, per
+    /// replica in counter order, followed by the buffered ops: what to send
+    /// a peer that syncs by ops. Applying them all (in this order or any
+    /// other) brings the peer up to date.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::{ReplicaId, VersionVector};
+    /// use calm::text::Text;
+    ///
+    /// let mut a = Text::new(ReplicaId::new(1));
+    /// a.insert(0, "abc")?;
+    /// a.delete(0..1)?;
+    /// let mut b = Text::new(ReplicaId::new(2));
+    /// for op in a.ops_since(&VersionVector::new()) {
+    ///     b.apply(&op)?;
+    /// }
+    /// assert_eq!(b.to_string(), "bc");
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn ops_since(&self, since: &VersionVector) -> Vec<TextOp> {
+        let mut out = self.ops_after(|r| since.get(r));
+        out.extend(self.pending.iter().cloned());
+        out
+    }
+
+    /// The events each replica made after the first `since(replica)`, as
+    /// maximal ops, per replica in counter order.
+    pub(crate) fn ops_after(&self, since: impl Fn(ReplicaId) -> u64) -> Vec<TextOp> {
+        let h = &self.history;
+        let mut out: Vec<TextOp> = Vec::new();
+        let mut agents: Vec<usize> = (0..h.agents.len()).collect();
+        agents.sort_by_key(|&a| h.agents[a].id);
+        for a in agents {
+            let agent = &h.agents[a];
+            let from = since(agent.id);
+            if agent.known <= from {
+                continue;
+            }
+            let first = out.len();
+            let ins_end = |&e: &u32| {
+                let e = e as usize;
+                h.inserts[e].counter + u64::from(h.entry_len(e))
+            };
+            let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
+            let mut i = agent.inserts.partition_point(|e| ins_end(e) - 1 <= from);
+            let mut d = agent.deletes.partition_point(|e| del_end(e) - 1 <= from);
+            loop {
+                let ic = agent.inserts.get(i).map(|&e| h.inserts[e as usize].counter);
+                let dc = agent.deletes.get(d).map(|e| e.counter);
+                let op = match (ic, dc) {
+                    (None, None) => break,
+                    (Some(c), dc) if dc.is_none_or(|dc| c < dc) => {
+                        let e = agent.inserts[i] as usize;
+                        i += 1;
+                        let skip = from.saturating_sub(c - 1);
+                        self.insert_op(e, skip as u32)
+                    }
+                    _ => {
+                        let e = agent.deletes[d];
+                        d += 1;
+                        let skip = from.saturating_sub(e.counter - 1);
+                        self.delete_op(agent.id, e, skip as u32)
+                    }
+                };
+                let joined = out.len() > first && out.last_mut().is_some_and(|l| l.try_append(&op));
+                if !joined {
+                    out.push(op);
+                }
+            }
+        }
+        out
+    }
+
+    /// Insert entry `e` minus its first `skip` characters, as an op.
+    fn insert_op(&self, e: usize, skip: u32) -> TextOp {
+        let h = &self.history;
+        let entry = h.inserts[e];
+        let lv = entry.lv + skip;
+        let len = h.entry_len(e) - skip;
+        let left = if skip > 0 { lv - 1 } else { entry.origin_left };
+        let mut ins = Insertion {
+            origin_left: self.dot_of(left),
+            origin_right: self.dot_of(entry.origin_right),
+            len,
+            text: Content::default(),
+            hidden: Vec::new(),
+        };
+        let mut at = 0;
+        self.tree.read(lv, len, |piece| match piece {
+            Ok(s) => {
+                ins.text.push_str(s);
+                at += char_len(s) as u32;
+            }
+            Err(n) => {
+                match ins.hidden.last_mut() {
+                    Some(h) if h.0 + h.1 == at => h.1 += n,
+                    _ => ins.hidden.push((at, n)),
+                }
+                at += n;
+            }
+        });
+        TextOp {
+            id: Dot::new(
+                h.agents[entry.agent as usize].id,
+                entry.counter + u64::from(skip),
+            ),
+            kind: OpKind::Insert(ins),
+        }
+    }
+
+    /// Delete entry `d` of `replica` minus its first `skip` events, as an
+    /// op.
+    fn delete_op(&self, replica: ReplicaId, d: DeleteEntry, skip: u32) -> TextOp {
+        let n = d.len() - skip;
+        let lv = if d.reversed() {
+            d.target
+        } else {
+            d.target + skip
+        };
+        let mut targets = Vec::new();
+        push_targets(&self.history, &mut 0, &mut targets, lv, n, d.reversed());
+        TextOp {
+            id: Dot::new(replica, d.counter + u64::from(skip)),
+            kind: OpKind::Delete(targets),
+        }
+    }
+
+    /// Integrates `op`, whose first event is its replica's next, if every
+    /// event it builds on is here. Returns `Ok(false)`, changing nothing,
+    /// if some is missing.
+    pub(crate) fn try_integrate(&mut self, op: &TextOp) -> Result<bool, TextError> {
+        match &op.kind {
+            OpKind::Insert(ins) => {
+                let (Some(left), Some(right)) = (
+                    self.resolve(ins.origin_left)?,
+                    self.resolve(ins.origin_right)?,
+                ) else {
+                    return Ok(false);
+                };
+                if u64::from(self.history.items) + u64::from(ins.len) > MAX_CHARS {
+                    return Err(TextError::TooLarge { max: MAX_CHARS });
+                }
+                for origin in [left, right] {
+                    if origin != NONE {
+                        self.tree.locate_fresh(origin);
+                    }
+                }
+                let place = self.place(left, right, op.replica());
+                let agent = self.history.intern(op.replica());
+                let lv = self
+                    .history
+                    .push_insert(agent, op.id.counter(), ins.len, left, right);
+                self.insert_content(place, lv, ins);
+            }
+            OpKind::Delete(targets) => {
+                let mut pieces = Vec::new();
+                for t in targets {
+                    let start = pieces.len();
+                    let mut c = t.start.counter();
+                    let end = c + u64::from(t.len);
+                    while c < end {
+                        let lv = match self.history.lookup(t.start.replica(), c) {
+                            Lookup::Insert(lv) => lv,
+                            Lookup::Delete => {
+                                return Err(TextError::InvalidOp {
+                                    what: "delete target is a deletion",
+                                });
+                            }
+                            Lookup::Unknown => return Ok(false),
+                        };
+                        let e = self.history.entry_of(lv);
+                        let entry_end = self.history.inserts[e].lv + self.history.entry_len(e);
+                        let take = (u64::from(entry_end - lv)).min(end - c) as u32;
+                        pieces.push((lv, take, t.reversed));
+                        c += u64::from(take);
+                    }
+                    if t.reversed {
+                        pieces[start..].reverse();
+                    }
+                }
+                let agent = self.history.intern(op.replica());
+                let mut counter = op.id.counter();
+                for (lv, n, reversed) in pieces {
+                    self.tree.delete_items(lv, n, |_, _| {});
+                    self.history.push_delete(agent, counter, lv, n, reversed);
+                    counter += u64::from(n);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The local version of an origin: `Ok(Some(NONE))` for a document
+    /// end, `Ok(None)` if it has not arrived.
+    fn resolve(&self, origin: Option<Dot>) -> Result<Option<u32>, TextError> {
+        let Some(d) = origin else {
+            return Ok(Some(NONE));
+        };
+        match self.history.lookup(d.replica(), d.counter()) {
+            Lookup::Insert(lv) => Ok(Some(lv)),
+            Lookup::Delete => Err(TextError::InvalidOp {
+                what: "insert origin is a deletion",
+            }),
+            Lookup::Unknown => Ok(None),
+        }
+    }
+
+    /// Inserts the characters of `ins` as new items `lv ..` at `place`:
+    /// visible stretches with their text, hidden ones as tombstones.
+    fn insert_content(&mut self, place: Pos, lv: u32, ins: &Insertion) {
+        let mut at = place;
+        let mut offset = 0;
+        let mut text: &str = &ins.text;
+        let mut hidden = ins.hidden.iter().peekable();
+        while offset < ins.len {
+            let (n, deleted) = match hidden.peek() {
+                Some(&&(o, l)) if o == offset => {
+                    hidden.next();
+                    (l, true)
+                }
+                Some(&&(o, _)) => (o - offset, false),
+                None => (ins.len - offset, false),
+            };
+            let content = if deleted {
+                ""
+            } else {
+                let bytes = text
+                    .char_indices()
+                    .nth(n as usize)
+                    .map_or(text.len(), |(b, _)| b);
+                let (head, tail) = text.split_at(bytes);
+                text = tail;
+                head
+            };
+            if offset > 0 {
+                // The tree may have split since: find the place again, just
+                // after the previous stretch.
+                if let Some(p) = self.tree.locate(lv + offset - 1) {
+                    at = self.tree.after(p);
+                }
+            }
+            self.tree
+                .insert(at, Run::new(lv + offset, n, deleted), content);
+            offset += n;
+        }
+    }
+
+    /// Where a new item with origins `left` and `right` goes, made by
+    /// `replica`: the ordering rule of the module docs.
+    ///
+    /// Scan the items after `left`. An item whose left origin lies before
+    /// `left` ends the scan (it belongs to an earlier subtree). An item with
+    /// the same left origin is a sibling: its right origin decides
+    /// (FugueMax/YjsMod): one further left means we may still go after it
+    /// ("scanning"), the same one is a true conflict broken by replica id,
+    /// one further right means we go after it. Items whose left origin is
+    /// inside the scanned stretch are descendants of something scanned and
+    /// are skipped.
+    fn place(&self, left: u32, right: u32, replica: ReplicaId) -> Pos {
+        let tree = &self.tree;
+        let left_pos = (left != NONE).then(|| tree.locate(left)).flatten();
+        let right_pos = (right != NONE).then(|| tree.locate(right)).flatten();
+        let mut cur = left_pos.map_or(tree.start(), |p| tree.after(p));
+        let mut dest = cur;
+        let mut scanning = false;
+        // A position compared with a reference: `NONE` is the start for
+        // left origins and the end for right origins.
+        let cmp = |lv: u32, reference: u32, reference_pos: Option<Pos>, none_first: bool| {
+            use std::cmp::Ordering::*;
+            match (lv == NONE, reference == NONE) {
+                _ if lv == reference => Equal,
+                (true, _) => {
+                    if none_first {
+                        Less
+                    } else {
+                        Greater
+                    }
+                }
+                (false, true) => {
+                    if none_first {
+                        Greater
+                    } else {
+                        Less
+                    }
+                }
+                (false, false) => match (tree.locate(lv), reference_pos) {
+                    (Some(a), Some(b)) => tree.cmp(a, b),
+                    _ => Equal,
+                },
+            }
+        };
+        loop {
+            let Some(p) = tree.normalize(cur) else {
+                if !scanning {
+                    dest = cur;
+                }
+                break;
+            };
+            if !scanning {
+                dest = p;
+            }
+            let run = tree.run_at(p).unwrap_or_else(|| Run::new(0, 1, true));
+            let other = run.lv + p.offset;
+            if other == right {
+                break;
+            }
+            let (oleft, oright) = self.history.origins_of(other);
+            match cmp(oleft, left, left_pos, true) {
+                std::cmp::Ordering::Less => break,
+                std::cmp::Ordering::Equal => match cmp(oright, right, right_pos, false) {
+                    std::cmp::Ordering::Less => scanning = true,
+                    std::cmp::Ordering::Equal => {
+                        if replica < self.history.id_of(other).0 {
+                            break;
+                        }
+                        scanning = false;
+                    }
+                    std::cmp::Ordering::Greater => scanning = false,
+                },
+                std::cmp::Ordering::Greater => {}
+            }
+            // The rest of this run, up to the end of `other`'s insert entry,
+            // are `other`'s descendants typed after it: skip them at once,
+            // stopping just before `right` if it is among them.
+            let e = self.history.entry_of(other);
+            let entry_end = self.history.inserts[e].lv + self.history.entry_len(e);
+            let mut step = (run.len() - p.offset).min(entry_end - other);
+            if right != NONE && right > other && right - other < step {
+                step = right - other;
+            }
+            cur = tree.advance(p, step);
+        }
+        dest
+    }
+
+    /// Applies buffered ops until none can be, round-robin over replicas:
+    /// each replica's queue is applied from its head for as long as the
+    /// head's dependencies are here.
+    pub(crate) fn drain(&mut self) {
+        loop {
+            let mut progress = false;
+            let replicas: Vec<ReplicaId> = self.pending.by_replica.keys().copied().collect();
+            for r in replicas {
+                loop {
+                    let known = self.history.known(r);
+                    let Some(queue) = self.pending.by_replica.get_mut(&r) else {
+                        break;
+                    };
+                    let Some(head) = queue.pop_front() else {
+                        self.pending.by_replica.remove(&r);
+                        break;
+                    };
+                    let Some(head) = unseen(head, known) else {
+                        continue;
+                    };
+                    if head.id.counter() - 1 != known {
+                        queue.push_front(head);
+                        break;
+                    }
+                    match self.try_integrate(&head) {
+                        Ok(true) => progress = true,
+                        Ok(false) => {
+                            if let Some(queue) = self.pending.by_replica.get_mut(&r) {
+                                queue.push_front(head);
+                            }
+                            break;
+                        }
+                        // An op that can never apply (it names a deletion as
+                        // an origin, or overflows) is dropped.
+                        Err(_) => progress = true,
+                    }
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        self.pending.by_replica.retain(|_, q| !q.is_empty());
+    }
+
+    /// Whether the document holds no event and no buffered op.
+    fn is_blank(&self) -> bool {
+        self.history.agents.iter().all(|a| a.known == 0) && self.pending.is_empty()
+    }
+
+    /// Sets the replica local edits are made as (for the test harness,
+    /// which edits one state as several replicas in turn).
+    #[cfg(feature = "testing")]
+    pub(crate) fn set_replica(&mut self, replica: ReplicaId) {
+        self.replica = replica;
+    }
+}
+
+impl Merge for Text {
+    /// Adds every edit of `other` this document lacks (and `other`'s
+    /// buffered ops), integrating them as ops in causal order.
+    fn merge(&mut self, other: &Self) {
+        if self.is_blank() {
+            let replica = self.replica;
+            *self = other.clone();
+            self.replica = replica;
+            // A delta is all buffered ops: apply what now can be.
+            self.drain();
+            return;
+        }
+        let ops = other.ops_after(|r| self.history.known(r));
+        for op in ops.into_iter().chain(other.pending.iter().cloned()) {
+            let known = self.history.known(op.replica());
+            self.pending.push(op, known);
+        }
+        self.drain();
+    }
+}
+
+impl DeltaMerge for Text {
+    fn version_vector(&self) -> VersionVector {
+        self.history
+            .agents
+            .iter()
+            .map(|a| (a.id, a.known))
+            .collect()
+    }
+
+    /// The edits a replica at `since` lacks, as a document that holds only
+    /// buffered ops (they name characters the delta itself does not hold).
+    fn delta(&self, since: &VersionVector) -> Self {
+        let mut delta = Text::new(self.replica);
+        for op in self.ops_since(since) {
+            delta.pending.push(op, 0);
+        }
+        delta
+    }
+}

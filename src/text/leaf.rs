@@ -1,0 +1,215 @@
+//! Runs and leaves: the bottom level of the run tree.
+//!
+//! A [`Run`] is a stretch of items (characters) that sit next to each other
+//! in the document, carry consecutive local versions, and are either all
+//! visible or all deleted. It is eight bytes, however many characters it
+//! covers: this is where the "no object per character" rule is kept.
+//!
+//! A [`Leaf`] holds up to [`MAX_RUNS`] runs in document order and, next to
+//! them, the UTF-8 text of its visible runs in one `String`. Keeping the text
+//! in the leaf means one descent of the tree finds both the metadata and the
+//! bytes of a position, instead of a CRDT walk plus a separate rope walk.
+//!
+//! ```text
+//!   runs:  [lv 0..5 "hello"] [lv 5..6 deleted] [lv 9..15 " world"]
+//!   text:  "hello world"          (deleted runs own no text)
+//!   chars: 11, utf16: 11
+//! ```
+
+use super::NONE;
+
+/// Most runs a leaf holds before it is split in two.
+///
+/// Small enough that inserting into a leaf (a `Vec` shift of at most
+/// 512 bytes) stays cheap, large enough that the tree stays shallow: with a
+/// typical 3 to 5 characters per run, a 100,000-character document needs a
+/// few hundred leaves.
+pub(crate) const MAX_RUNS: usize = 64;
+
+/// Most text bytes a leaf holds before it is split (unless it holds a single
+/// character). Bounds the cost of the `String` shift on every insert.
+pub(crate) const MAX_BYTES: usize = 2048;
+
+/// The top bit of [`Run::len`] marks a deleted run.
+const DELETED: u32 = 1 << 31;
+
+/// Consecutive items with consecutive local versions `lv .. lv + len`, all
+/// visible or all deleted.
+///
+/// Lengths stay below 2^31 because the whole document is capped at
+/// [`super::MAX_ITEMS`] items, so the top bit of the length field is free to
+/// hold the deleted flag.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Run {
+    /// Local version of the first item.
+    pub(crate) lv: u32,
+    /// Number of items, with [`DELETED`] or-ed in for a deleted run.
+    packed: u32,
+}
+
+impl Run {
+    /// A run of `len` items starting at `lv`.
+    pub(crate) fn new(lv: u32, len: u32, deleted: bool) -> Self {
+        debug_assert!(len > 0 && len < DELETED);
+        Self {
+            lv,
+            packed: len | if deleted { DELETED } else { 0 },
+        }
+    }
+
+    /// Number of items.
+    pub(crate) fn len(self) -> u32 {
+        self.packed & !DELETED
+    }
+
+    /// Whether the items are deleted (tombstones).
+    pub(crate) fn deleted(self) -> bool {
+        self.packed & DELETED != 0
+    }
+
+    /// Number of visible characters: the length, or 0 when deleted.
+    pub(crate) fn visible(self) -> u32 {
+        if self.deleted() { 0 } else { self.len() }
+    }
+
+    /// One past the last local version.
+    pub(crate) fn end(self) -> u32 {
+        self.lv + self.len()
+    }
+
+    /// Whether `lv` is one of this run's items.
+    pub(crate) fn contains(self, lv: u32) -> bool {
+        lv >= self.lv && lv < self.end()
+    }
+
+    /// The same run with a new length.
+    pub(crate) fn with_len(self, len: u32) -> Self {
+        Self::new(self.lv, len, self.deleted())
+    }
+
+    /// Splits at `at` items (`0 < at < len`), returning both halves.
+    pub(crate) fn split(self, at: u32) -> (Self, Self) {
+        debug_assert!(at > 0 && at < self.len());
+        let d = self.deleted();
+        (
+            Self::new(self.lv, at, d),
+            Self::new(self.lv + at, self.len() - at, d),
+        )
+    }
+
+    /// Whether `next` can be appended to this run as one run.
+    pub(crate) fn joins(self, next: Self) -> bool {
+        self.end() == next.lv && self.deleted() == next.deleted()
+    }
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mark = if self.deleted() { "x" } else { "" };
+        write!(f, "{}{}..{}", mark, self.lv, self.end())
+    }
+}
+
+/// Up to [`MAX_RUNS`] runs in document order and the text of the visible
+/// ones.
+///
+/// Invariants: `text` is exactly the concatenated content of the visible
+/// runs, in order; `chars` is their total length (the number of `char`s in
+/// `text`); `utf16` is the UTF-16 length of `text`. A leaf is never empty
+/// unless it is the only leaf of an empty document.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Leaf {
+    /// The runs, in document order.
+    pub(crate) runs: Vec<Run>,
+    /// The visible characters of `runs`, in order.
+    pub(crate) text: String,
+    /// Number of visible characters (`text.chars().count()`).
+    pub(crate) chars: usize,
+    /// UTF-16 length of `text`.
+    pub(crate) utf16: usize,
+    /// The internal node above, or [`NONE`] when this leaf is the root.
+    pub(crate) parent: u32,
+    /// This leaf's index among its parent's children (kept up to date so
+    /// walks to the root need no search).
+    pub(crate) slot: u8,
+    /// The previous leaf in document order, or [`NONE`].
+    pub(crate) prev: u32,
+    /// The next leaf in document order, or [`NONE`].
+    pub(crate) next: u32,
+}
+
+impl Leaf {
+    /// An empty root leaf.
+    pub(crate) fn root() -> Self {
+        Self {
+            runs: Vec::new(),
+            parent: NONE,
+            prev: NONE,
+            next: NONE,
+            ..Self::default()
+        }
+    }
+
+    /// The byte offset of the `chars`-th visible character of this leaf.
+    ///
+    /// ASCII-only leaves (the common case: bytes == chars) answer in O(1);
+    /// others walk the leaf's text, which is at most [`MAX_BYTES`] long.
+    pub(crate) fn byte_of(&self, chars: usize) -> usize {
+        if self.text.len() == self.chars {
+            chars
+        } else {
+            self.text
+                .char_indices()
+                .nth(chars)
+                .map_or(self.text.len(), |(b, _)| b)
+        }
+    }
+
+    /// Whether the leaf must be split.
+    pub(crate) fn overfull(&self) -> bool {
+        self.runs.len() > MAX_RUNS || (self.text.len() > MAX_BYTES && self.chars > 1)
+    }
+}
+
+/// The UTF-16 length of `s`: one unit per character, two for characters
+/// outside the Basic Multilingual Plane (exactly those whose UTF-8 form
+/// starts with a byte `>= 0xF0`).
+pub(crate) fn utf16_len(s: &str) -> usize {
+    if s.is_ascii() {
+        return s.len();
+    }
+    char_len(s) + s.bytes().filter(|&b| b >= 0xF0).count()
+}
+
+/// Number of `char`s in `s` (bytes that do not continue a sequence).
+pub(crate) fn char_len(s: &str) -> usize {
+    if s.is_ascii() {
+        return s.len();
+    }
+    s.len() - s.bytes().filter(|&b| (b & 0xC0) == 0x80).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs pack the deleted flag without touching the length.
+    #[test]
+    fn run_packing() {
+        let r = Run::new(7, 5, true);
+        assert_eq!((r.lv, r.len(), r.deleted(), r.visible()), (7, 5, true, 0));
+        let (a, b) = Run::new(7, 5, false).split(2);
+        assert_eq!((a.lv, a.len(), b.lv, b.len()), (7, 2, 9, 3));
+        assert!(a.joins(b));
+        assert!(!a.joins(Run::new(9, 1, true)));
+    }
+
+    /// UTF-16 and char lengths count surrogate pairs and multi-byte text.
+    #[test]
+    fn lengths() {
+        for s in ["", "abc", "héllo", "日本語", "a😀b", "e\u{301}"] {
+            assert_eq!(utf16_len(s), s.encode_utf16().count(), "{s}");
+            assert_eq!(char_len(s), s.chars().count(), "{s}");
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Collaborative plain text: [`Text`], a sequence CRDT that never
+//! interleaves concurrent typing.
+//!
+//! Several people edit one document at once, each on their own replica,
+//! offline or online. Each edit is made locally at once and sent as a
+//! [`TextOp`] (or batched into a delta, or as the whole state); every
+//! replica that has received the same edits shows the same text, whatever
+//! the order, delays or repeats of delivery.
+//!
+//! ```
+//! use calm::causal::ReplicaId;
+//! use calm::text::Text;
+//! use calm::Merge;
+//!
+//! let mut alice = Text::new(ReplicaId::new(1));
+//! alice.insert(0, "ab")?;
+//! let mut bob = alice.fork(ReplicaId::new(2));
+//!
+//! // Both type between `a` and `b` at the same time.
+//! let x = alice.insert(1, "xy")?;
+//! let one = bob.insert(1, "12")?;
+//! alice.apply(&one)?;
+//! bob.apply(&x)?;
+//!
+//! // Each run stays in one piece; the order is the same everywhere.
+//! assert_eq!(alice.to_string(), "axy12b");
+//! assert_eq!(alice, bob);
+//! # Ok::<(), calm::Error>(())
+//! ```
+//!
+//! # The model
+//!
+//! Every character ever inserted is an *item* with a global id (its
+//! replica and a counter, a [`Dot`](crate::causal::Dot)) and two
+//! *origins*: the items that were just left and just right of it when it
+//! was typed. Deleting a character marks its item deleted (a tombstone) but
+//! keeps it, so later edits that name it still find their place. Positions
+//! given to [`Text::insert`] and [`Text::delete`] are character positions
+//! (Unicode scalar values) in the visible text; see [`Text`] for UTF-8 and
+//! UTF-16 conversions.
+//!
+//! # The ordering rule: FugueMax, as YjsMod
+//!
+//! When two replicas insert at the same place concurrently, both items have
+//! the same origins and something must choose their order. Older sequence
+//! CRDTs (RGA, Logoot, Treedoc) can *interleave* the characters of two
+//! concurrent runs of typing ("hello" and "world" merging as "hweolrllod"),
+//! or do so when typing backwards. calm uses the rule of Weidner and
+//! Kleppmann's FugueMax ("The Art of the Fugue: Minimizing Interleaving in
+//! Collaborative Text Editing", 2023), written as Joseph Gentle's YjsMod
+//! integration (a small change to Yjs's rule, used by diamond-types), which
+//! the Fugue paper shows orders items the same way. It is *maximally
+//! non-interleaving*: concurrent runs typed forward or backward at one place
+//! each stay contiguous.
+//!
+//! Why this one: it needs only the two origins per item, which run-length
+//! encode perfectly for ordinary typing (a burst of typing shares one right
+//! origin, and each left origin is the previous character), so the rule
+//! costs nothing extra in memory; conflicts are resolved by a scan that only
+//! runs when concurrent inserts actually meet at one place; and it is the
+//! rule diamond-types and Yjs users already know, with a proof of its
+//! non-interleaving behind it.
+//!
+//! The rule, as [`Text::apply`] places a new item `n` with origins `L` and
+//! `R`: scan the items after `L`. For each item `o`:
+//!
+//! | `o`'s left origin | `o`'s right origin | then |
+//! | --- | --- | --- |
+//! | before `L` | any | stop: insert `n` at the scan's mark |
+//! | `L` (a sibling) | before `R` | scan on; keep the mark before `o` |
+//! | `L` | `R` (true conflict) | lower replica id first: stop if `n`'s is lower, else move the mark past `o` |
+//! | `L` | after `R` | move the mark past `o` |
+//! | after `L` (inside the scan) | any | `o` descends from a scanned item: skip it |
+//!
+//! and stop at `R` at the latest.
+//!
+//! ## Worked example
+//!
+//! Alice (replica 1) typed `ab`; then, concurrently, Alice types `xy` and
+//! Bob (replica 2) types `12` between `a` and `b`:
+//!
+//! ```text
+//!  item  id    left origin  right origin
+//!  a     r1.1  (start)      (end)
+//!  b     r1.2  a            (end)
+//!  x     r1.3  a            b
+//!  y     r1.4  x            b         \ one run: r1.3..=r1.4,
+//!  1     r2.1  a            b           stored as one entry
+//!  2     r2.2  1            b
+//! ```
+//!
+//! As a tree (each item hangs under its left origin, siblings in rule
+//! order), the text is the depth-first walk:
+//!
+//! ```text
+//!  start ── a ─┬─ x ── y      (r1 < r2: Alice's run first)
+//!              ├─ 1 ── 2
+//!              └─ b
+//! ```
+//!
+//! Bob integrating `x`: after `a` comes `1`: same left origin `a`, same
+//! right origin `b`, and `r1 < r2`, so stop: `a x 1 2 b`. Then `y` (left
+//! origin `x`) goes right after `x`: `a x y 1 2 b`. Alice integrating `1`:
+//! after `a` comes `x`, a true conflict that `1` loses (`r2 > r1`), so the
+//! mark moves past `x`; `y` descends from `x` and is skipped; `b` is the
+//! right origin: stop, `a x y 1 b`, then `2` after `1`. Both read `axy12b`.
+//!
+//! Typing *backwards* (each character typed before the previous one, the
+//! cursor staying put) gives items whose right origin is the previous
+//! character. Alice types `c`, `b`, `a` and Bob `3`, `2`, `1`, all between
+//! `[` and `]`:
+//!
+//! ```text
+//!  item  left origin  right origin      item  left origin  right origin
+//!  c     [            ]                 3     [            ]
+//!  b     [            c                 2     [            3
+//!  a     [            b                 1     [            2
+//! ```
+//!
+//! Alice integrating `3` scans `a` and `b` (siblings whose right origins
+//! lie before `]`: keep scanning, mark stays), then `c`, a true conflict
+//! `3` loses, so the mark moves past `c`: `[abc3]`. `2` scans `a`, `b`
+//! (right origins before `3`: scanning) and `c` (right origin `]`, after
+//! `3`: the mark moves past it), then meets `3`, its right origin:
+//! `[abc23]`, and `1` likewise: `[abc123]`. Both runs stay whole.
+//!
+//! ```
+//! use calm::causal::ReplicaId;
+//! use calm::text::Text;
+//!
+//! let mut alice = Text::new(ReplicaId::new(1));
+//! alice.insert(0, "[]")?;
+//! let mut bob = alice.fork(ReplicaId::new(2));
+//! let mut ops = Vec::new();
+//! for c in ["c", "b", "a"] {
+//!     ops.push(alice.insert(1, c)?);
+//! }
+//! for c in ["3", "2", "1"] {
+//!     ops.push(bob.insert(1, c)?);
+//! }
+//! for op in &ops {
+//!     alice.apply(op)?;
+//!     bob.apply(op)?;
+//! }
+//! assert_eq!(alice.to_string(), "[abc123]");
+//! assert_eq!(alice, bob);
+//! # Ok::<(), calm::Error>(())
+//! ```
+//!
+//! # Sync
+//!
+//! - **Ops**: [`Text::insert`] and [`Text::delete`] return a [`TextOp`];
+//!   [`Text::apply`] integrates one, buffers it if it arrived before what
+//!   it builds on ([`Applied::Buffered`]), ignores a repeat.
+//! - **Deltas** ([`DeltaMerge`](crate::DeltaMerge)): send your version
+//!   vector, get back the ops you lack, [`merge`](crate::Merge::merge) them.
+//! - **States** ([`Merge`](crate::Merge)): merge a whole other replica.
+//! - **Bytes**: [`codec`](crate::codec) encodes ops, deltas and documents;
+//!   decoding checks everything and answers garbage with a
+//!   [`DecodeError`](crate::codec::DecodeError).
+//!
+//! # Inside
+//!
+//! No object per character. The document is a B-tree of *runs*
+//! (consecutive items with consecutive local numbers, all visible or all
+//! deleted, 8 bytes each) whose leaves also hold the visible text, indexed
+//! by character count (and UTF-8 and UTF-16 length) for positions, with an
+//! index from item numbers to leaves for remote ops and a cursor cache for
+//! the last local edit. Ids and origins live in a separate run-length
+//! encoded log. The files, each with a long comment on its structure:
+//! `leaf.rs` (runs and leaves), `tree.rs` (the B-tree, index and cursor),
+//! `history.rs` (ids, origins and deletions), `integrate.rs` (the rule,
+//! buffering, merge), `encoding.rs` (the binary format).
+
+mod document;
+mod encoding;
+mod error;
+mod history;
+mod integrate;
+mod leaf;
+mod op;
+mod tree;
+
+pub use document::{Chunks, Text};
+pub use error::TextError;
+pub use integrate::Applied;
+pub use op::TextOp;
+
+/// The most characters a [`Text`] can ever hold, counting deleted ones
+/// (2^31 - 1). Local versions and run lengths fit in 31 bits, which keeps
+/// a run at 8 bytes.
+pub const MAX_CHARS: u64 = (1 << 31) - 1;
+
+/// [`MAX_CHARS`] as the local-version type.
+pub(crate) const MAX_ITEMS: u32 = MAX_CHARS as u32;
+
+/// "No item": the document start as a left origin, its end as a right
+/// origin, the end of a leaf chain or the parent of the root.
+pub(crate) const NONE: u32 = u32::MAX;

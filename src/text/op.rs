@@ -1,0 +1,528 @@
+//! [`TextOp`]: what a local edit sends to the other replicas.
+
+use std::fmt;
+
+use super::MAX_ITEMS;
+use super::leaf::char_len;
+use crate::causal::{Dot, ReplicaId};
+
+/// One edit, as shipped between replicas: an insertion of characters or a
+/// deletion of characters, with the ids that place it in every replica's
+/// copy.
+///
+/// [`Text::insert`](super::Text::insert) and
+/// [`Text::delete`](super::Text::delete) return one; another replica's
+/// [`Text::apply`](super::Text::apply) integrates it. An op of `n`
+/// characters takes the `n` consecutive event ids starting at
+/// [`id`](TextOp::id), one per inserted or deleted character.
+///
+/// Ops name characters by id, never by position, so they can arrive late,
+/// twice or out of order: a replica buffers an op until the ops it builds on
+/// have arrived, and ignores a repeat. The binary form
+/// ([`codec::to_bytes`](crate::codec::to_bytes)) is compact, typically a
+/// handful of bytes plus the inserted text.
+///
+/// # Examples
+///
+/// ```
+/// use calm::causal::ReplicaId;
+/// use calm::text::{Applied, Text, TextOp};
+/// use calm::codec;
+///
+/// let mut a = Text::new(ReplicaId::new(1));
+/// let mut b = Text::new(ReplicaId::new(2));
+/// let op = a.insert(0, "héllo")?;
+/// assert_eq!((op.len(), op.inserted_text()), (5, Some("héllo")));
+///
+/// let wire = codec::to_bytes(&op);
+/// let op: TextOp = codec::from_bytes(&wire)?;
+/// assert_eq!(b.apply(&op)?, Applied::Integrated);
+/// assert_eq!(b.apply(&op)?, Applied::AlreadyKnown);
+/// assert_eq!(b.to_string(), "héllo");
+/// # Ok::<(), calm::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct TextOp {
+    /// Id of the first event.
+    pub(crate) id: Dot,
+    /// What the events do.
+    pub(crate) kind: OpKind,
+}
+
+/// The two kinds of op.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// Consecutive characters inserted at one place.
+    Insert(Insertion),
+    /// Characters deleted, event by event, in the order of the targets.
+    Delete(Vec<Target>),
+}
+
+/// The body of an insertion.
+///
+/// The characters get the ids `id, id + 1, ...`. The first one's origins
+/// are `origin_left` and `origin_right`; each later one's left origin is the
+/// character before it and its right origin is `origin_right`, exactly as if
+/// they were typed one by one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Insertion {
+    /// The character just left of the first one when it was inserted, or
+    /// `None` at the start of the document.
+    pub(crate) origin_left: Option<Dot>,
+    /// The character just right of it, or `None` at the end.
+    pub(crate) origin_right: Option<Dot>,
+    /// Number of characters, visible or hidden.
+    pub(crate) len: u32,
+    /// The visible characters, in order.
+    pub(crate) text: Content,
+    /// `(offset, len)` stretches of characters sent without content because
+    /// the sender had already deleted them (the deletions travel along).
+    /// Sorted, non-empty, not touching each other.
+    pub(crate) hidden: Vec<(u32, u32)>,
+}
+
+/// Bytes of text kept inline in a [`Content`]: most ops are one keystroke,
+/// and an op that holds its text inline costs no allocation.
+const INLINE: usize = 22;
+
+/// The text of an insertion: inline when short, else on the heap.
+///
+/// Invariant: the inline bytes `bytes[..len]` are valid UTF-8 (they are
+/// only ever copied from a `&str`).
+#[derive(Clone)]
+pub(crate) enum Content {
+    /// Up to [`INLINE`] bytes.
+    Inline(u8, [u8; INLINE]),
+    /// Anything longer.
+    Heap(String),
+}
+
+impl Content {
+    /// Appends `s`, moving to the heap when it no longer fits inline.
+    pub(crate) fn push_str(&mut self, s: &str) {
+        match self {
+            Content::Heap(h) => h.push_str(s),
+            Content::Inline(len, bytes) => {
+                let n = *len as usize;
+                if n + s.len() <= INLINE {
+                    bytes[n..n + s.len()].copy_from_slice(s.as_bytes());
+                    *len += s.len() as u8;
+                } else {
+                    let mut h = String::with_capacity(n + s.len());
+                    h.push_str(self);
+                    h.push_str(s);
+                    *self = Content::Heap(h);
+                }
+            }
+        }
+    }
+}
+
+impl Default for Content {
+    fn default() -> Self {
+        Content::Inline(0, [0; INLINE])
+    }
+}
+
+impl From<&str> for Content {
+    fn from(s: &str) -> Self {
+        let mut c = Content::default();
+        c.push_str(s);
+        c
+    }
+}
+
+impl From<String> for Content {
+    fn from(s: String) -> Self {
+        if s.len() <= INLINE {
+            Content::from(s.as_str())
+        } else {
+            Content::Heap(s)
+        }
+    }
+}
+
+impl std::ops::Deref for Content {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Content::Heap(h) => h,
+            Content::Inline(len, bytes) => match std::str::from_utf8(&bytes[..*len as usize]) {
+                Ok(s) => s,
+                Err(_) => broken_content(),
+            },
+        }
+    }
+}
+
+#[cold]
+#[track_caller]
+fn broken_content() -> ! {
+    panic!("inline op text is not UTF-8: calm's invariant is broken")
+}
+
+impl PartialEq for Content {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Content {}
+
+impl fmt::Debug for Content {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+/// A stretch of consecutive ids of one replica deleted by consecutive
+/// events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The lowest id of the stretch.
+    pub(crate) start: Dot,
+    /// Number of characters (and events).
+    pub(crate) len: u32,
+    /// Whether the events went from the highest id down (backspacing).
+    /// Never set when `len == 1`.
+    pub(crate) reversed: bool,
+}
+
+impl TextOp {
+    /// The id of the op's first event; the others follow consecutively.
+    pub fn id(&self) -> Dot {
+        self.id
+    }
+
+    /// The replica that made the edit.
+    pub fn replica(&self) -> ReplicaId {
+        self.id.replica()
+    }
+
+    /// Number of characters inserted or deleted (and of event ids used).
+    pub fn len(&self) -> u64 {
+        u64::from(self.len32())
+    }
+
+    /// Whether the op does nothing (an empty insert or delete).
+    pub fn is_empty(&self) -> bool {
+        self.len32() == 0
+    }
+
+    /// The visible inserted text, for an insertion; `None` for a deletion.
+    pub fn inserted_text(&self) -> Option<&str> {
+        match &self.kind {
+            OpKind::Insert(ins) => Some(&ins.text),
+            OpKind::Delete(_) => None,
+        }
+    }
+
+    /// Whether the op deletes characters.
+    pub fn is_delete(&self) -> bool {
+        matches!(self.kind, OpKind::Delete(_))
+    }
+
+    pub(crate) fn len32(&self) -> u32 {
+        match &self.kind {
+            OpKind::Insert(ins) => ins.len,
+            OpKind::Delete(targets) => targets.iter().map(|t| t.len).sum(),
+        }
+    }
+
+    /// The counter one past the last event.
+    pub(crate) fn end(&self) -> u64 {
+        self.id.counter() + self.len()
+    }
+
+    /// The id of event `k` of this op.
+    fn event(&self, k: u32) -> Dot {
+        Dot::new(self.replica(), self.id.counter() + u64::from(k))
+    }
+
+    /// The events `from .. to` of this op as an op of their own.
+    pub(crate) fn slice(&self, from: u32, to: u32) -> TextOp {
+        debug_assert!(from < to && to <= self.len32());
+        let kind = match &self.kind {
+            OpKind::Insert(ins) => {
+                let hidden_before = |x: u32| -> u32 {
+                    ins.hidden
+                        .iter()
+                        .map(|&(o, l)| (o + l).min(x).saturating_sub(o))
+                        .sum()
+                };
+                let (c0, c1) = (from - hidden_before(from), to - hidden_before(to));
+                let byte = |c: u32| {
+                    ins.text
+                        .char_indices()
+                        .nth(c as usize)
+                        .map_or(ins.text.len(), |(b, _)| b)
+                };
+                let hidden = ins
+                    .hidden
+                    .iter()
+                    .filter_map(|&(o, l)| {
+                        let (s, e) = (o.max(from), (o + l).min(to));
+                        (s < e).then(|| (s - from, e - s))
+                    })
+                    .collect();
+                OpKind::Insert(Insertion {
+                    origin_left: if from > 0 {
+                        Some(self.event(from - 1))
+                    } else {
+                        ins.origin_left
+                    },
+                    origin_right: ins.origin_right,
+                    len: to - from,
+                    text: Content::from(&ins.text[byte(c0)..byte(c1)]),
+                    hidden,
+                })
+            }
+            OpKind::Delete(targets) => {
+                let mut out = Vec::new();
+                let mut at = 0;
+                for t in targets {
+                    let (s, e) = (from.max(at), to.min(at + t.len));
+                    if s < e {
+                        let (a, b) = (s - at, e - at);
+                        let first = if t.reversed { t.len - b } else { a };
+                        push_target(
+                            &mut out,
+                            Target {
+                                start: Dot::new(
+                                    t.start.replica(),
+                                    t.start.counter() + u64::from(first),
+                                ),
+                                len: b - a,
+                                reversed: t.reversed,
+                            },
+                        );
+                    }
+                    at += t.len;
+                }
+                OpKind::Delete(out)
+            }
+        };
+        TextOp {
+            id: self.event(from),
+            kind,
+        }
+    }
+
+    /// Appends `next` to this op if it continues it (same replica, next
+    /// counter, and for an insertion typed right after it with the same
+    /// right origin). Returns whether it did.
+    pub(crate) fn try_append(&mut self, next: &TextOp) -> bool {
+        if next.replica() != self.replica() || next.id.counter() != self.end() || self.is_empty() {
+            return false;
+        }
+        let last = self.event(self.len32() - 1);
+        match (&mut self.kind, &next.kind) {
+            (OpKind::Insert(a), OpKind::Insert(b)) => {
+                if b.origin_left != Some(last) || b.origin_right != a.origin_right {
+                    return false;
+                }
+                for &(o, l) in &b.hidden {
+                    let o = o + a.len;
+                    match a.hidden.last_mut() {
+                        Some(h) if h.0 + h.1 == o => h.1 += l,
+                        _ => a.hidden.push((o, l)),
+                    }
+                }
+                a.text.push_str(&b.text);
+                a.len += b.len;
+                true
+            }
+            (OpKind::Delete(a), OpKind::Delete(b)) => {
+                for t in b {
+                    push_target(a, *t);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Checks the rules every op obeys; returns the broken one.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        let len = match &self.kind {
+            OpKind::Insert(ins) => {
+                let mut next = 0u64;
+                let mut hidden = 0u64;
+                for &(o, l) in &ins.hidden {
+                    if l == 0 || u64::from(o) < next || (next > 0 && u64::from(o) == next) {
+                        return Err("hidden stretches empty, unsorted or touching");
+                    }
+                    next = u64::from(o) + u64::from(l);
+                    hidden += u64::from(l);
+                }
+                if next > u64::from(ins.len)
+                    || hidden + char_len(&ins.text) as u64 != u64::from(ins.len)
+                {
+                    return Err("insert length does not match its text");
+                }
+                for origin in [ins.origin_left, ins.origin_right].into_iter().flatten() {
+                    if origin.replica() == self.replica() && origin.counter() >= self.id.counter() {
+                        return Err("insert origin is not an earlier event");
+                    }
+                }
+                u64::from(ins.len)
+            }
+            OpKind::Delete(targets) => {
+                let mut sum = 0u64;
+                for t in targets {
+                    if t.len == 0 || (t.reversed && t.len == 1) {
+                        return Err("empty or mislabelled delete target");
+                    }
+                    if t.start.replica() == self.replica()
+                        && t.start.counter() + u64::from(t.len) > self.id.counter()
+                    {
+                        return Err("delete target is not an earlier event");
+                    }
+                    sum += u64::from(t.len);
+                }
+                if targets.windows(2).any(|w| {
+                    let mut joined = vec![w[0]];
+                    push_target(&mut joined, w[1]);
+                    joined.len() == 1
+                }) {
+                    return Err("delete targets not joined");
+                }
+                sum
+            }
+        };
+        if len > u64::from(MAX_ITEMS) || self.id.counter().checked_add(len).is_none() {
+            return Err("op too long");
+        }
+        Ok(())
+    }
+}
+
+/// Appends `t` to `targets`, joining it with the last target when the two
+/// continue each other (forward or backward).
+pub(crate) fn push_target(targets: &mut Vec<Target>, t: Target) {
+    if let Some(last) = targets.last_mut() {
+        if last.start.replica() == t.start.replica() {
+            let (lc, tc) = (last.start.counter(), t.start.counter());
+            let forward = (last.len == 1 || !last.reversed) && (t.len == 1 || !t.reversed);
+            let backward = (last.len == 1 || last.reversed) && (t.len == 1 || t.reversed);
+            if forward && tc == lc + u64::from(last.len) {
+                last.len += t.len;
+                last.reversed = false;
+                return;
+            }
+            if backward && tc + u64::from(t.len) == lc {
+                last.start = t.start;
+                last.len += t.len;
+                last.reversed = true;
+                return;
+            }
+        }
+    }
+    targets.push(Target {
+        reversed: t.reversed && t.len > 1,
+        ..t
+    });
+}
+
+impl fmt::Debug for TextOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            OpKind::Insert(ins) => write!(
+                f,
+                "insert {:?}+{} {:?} after {:?} before {:?} hidden {:?}",
+                self.id, ins.len, ins.text, ins.origin_left, ins.origin_right, ins.hidden
+            ),
+            OpKind::Delete(targets) => {
+                write!(f, "delete {:?}:", self.id)?;
+                for t in targets {
+                    let arrow = if t.reversed { "<-" } else { "" };
+                    write!(f, " {arrow}{:?}+{}", t.start, t.len)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dot(r: u64, c: u64) -> Dot {
+        Dot::new(ReplicaId::new(r), c)
+    }
+
+    fn insert(c: u64, text: &str, hidden: Vec<(u32, u32)>, left: Option<Dot>) -> TextOp {
+        let len = char_len(text) as u32 + hidden.iter().map(|h| h.1).sum::<u32>();
+        TextOp {
+            id: dot(1, c),
+            kind: OpKind::Insert(Insertion {
+                origin_left: left,
+                origin_right: Some(dot(2, 1)),
+                len,
+                text: Content::from(text),
+                hidden,
+            }),
+        }
+    }
+
+    /// Slicing an insertion keeps ids, origins, text and hidden stretches
+    /// consistent, and appending the slices back gives the original.
+    #[test]
+    fn insert_slices_append_back() {
+        let op = insert(5, "aé😀b", vec![(1, 2), (5, 1)], None);
+        assert_eq!(op.check(), Ok(()));
+        for cut in 1..op.len32() {
+            let mut a = op.slice(0, cut);
+            let b = op.slice(cut, op.len32());
+            assert_eq!(a.check(), Ok(()), "{a:?}");
+            assert_eq!(b.check(), Ok(()), "{b:?}");
+            assert!(a.try_append(&b));
+            assert_eq!(a, op);
+        }
+    }
+
+    /// Delete targets join forward and backward, and slices of a reversed
+    /// target pick the right ids.
+    #[test]
+    fn delete_targets_join_and_slice() {
+        let mut targets = Vec::new();
+        for c in [9, 8, 7] {
+            push_target(
+                &mut targets,
+                Target {
+                    start: dot(2, c),
+                    len: 1,
+                    reversed: false,
+                },
+            );
+        }
+        assert_eq!(targets.len(), 1);
+        assert!(targets[0].reversed);
+        let op = TextOp {
+            id: dot(1, 1),
+            kind: OpKind::Delete(targets),
+        };
+        assert_eq!(op.check(), Ok(()));
+        let tail = op.slice(1, 3);
+        let OpKind::Delete(t) = &tail.kind else {
+            panic!("not a delete")
+        };
+        assert_eq!((t[0].start, t[0].len, t[0].reversed), (dot(2, 7), 2, true));
+        let mut head = op.slice(0, 1);
+        assert!(head.try_append(&tail));
+        assert_eq!(head, op);
+    }
+
+    /// Ops that break the rules are reported.
+    #[test]
+    fn check_rejects_bad_ops() {
+        let own_future = insert(5, "a", vec![], Some(dot(1, 5)));
+        assert!(own_future.check().is_err());
+        let mut bad_len = insert(5, "ab", vec![], None);
+        if let OpKind::Insert(ins) = &mut bad_len.kind {
+            ins.len = 3;
+        }
+        assert!(bad_len.check().is_err());
+    }
+}

@@ -1,0 +1,555 @@
+//! `Text`: real editing traces replayed exactly (sequential and
+//! concurrent), non-interleaving of concurrent runs, a model check against a
+//! `Vec<char>`, Unicode position conversions, bad input, and the codec.
+
+use calm::causal::{ReplicaId, VersionVector};
+use calm::codec::{self, DecodeError, Encoder};
+use calm::testing::Config;
+use calm::text::{Applied, Text, TextError, TextOp};
+use calm::{DeltaMerge, Merge};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+use crate::common::alloc::bytes_allocated_by;
+use crate::common::traces::{self, Patch};
+
+fn r(n: u64) -> ReplicaId {
+    ReplicaId::new(n)
+}
+
+/// Applies one trace patch locally, collecting the ops it produced.
+fn apply_patch(doc: &mut Text, p: &Patch, ops: &mut Vec<TextOp>) {
+    if p.del > 0 {
+        ops.push(doc.delete(p.pos..p.pos + p.del).expect("delete in range"));
+    }
+    if !p.ins.is_empty() {
+        ops.push(doc.insert(p.pos, &p.ins).expect("insert in range"));
+    }
+}
+
+/// Replays one sequential trace and checks it three ways: the local
+/// document, a second replica fed the ops, and a decode of the encoding.
+fn replay_sequential(name: &str) {
+    let path = traces::sequential()
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(&format!("{name}.json.gz")))
+        .expect("trace exists");
+    let trace = traces::load(&path);
+    let mut doc = Text::new(r(1));
+    let mut ops = Vec::new();
+    for txn in &trace.txns {
+        for p in &txn.patches {
+            apply_patch(&mut doc, p, &mut ops);
+        }
+    }
+    assert!(
+        doc.to_string() == trace.end_content,
+        "{} replayed wrong",
+        trace.name
+    );
+    doc.assert_invariants();
+
+    let mut remote = Text::new(r(2));
+    for op in &ops {
+        assert_eq!(remote.apply(op), Ok(Applied::Integrated));
+    }
+    assert!(
+        remote == doc,
+        "{}: ops replayed elsewhere differ",
+        trace.name
+    );
+
+    let bytes = codec::to_bytes(&doc);
+    let back: Text = codec::from_bytes(&bytes).expect("decodes");
+    back.assert_invariants();
+    assert!(back == doc, "{}: decode differs", trace.name);
+    assert_eq!(
+        codec::to_bytes(&back),
+        bytes,
+        "{}: encoding is canonical",
+        trace.name
+    );
+}
+
+/// `automerge-paper` replays to exactly its final text.
+#[test]
+fn trace_automerge_paper() {
+    replay_sequential("sequential/automerge-paper");
+}
+
+/// `seph-blog1` (with non-ASCII text) replays to exactly its final text.
+#[test]
+fn trace_seph_blog1() {
+    replay_sequential("sequential/seph-blog1");
+}
+
+/// The ASCII-only `seph-blog1` replays to exactly its final text.
+#[test]
+fn trace_seph_blog1_ascii() {
+    replay_sequential("ascii_only/seph-blog1");
+}
+
+/// `friendsforever_flat` replays to exactly its final text.
+#[test]
+fn trace_friendsforever_flat() {
+    replay_sequential("sequential/friendsforever_flat");
+}
+
+/// `sveltecomponent` replays to exactly its final text.
+#[test]
+fn trace_sveltecomponent() {
+    replay_sequential("sequential/sveltecomponent");
+}
+
+/// The tests above cover every sequential trace in the folder.
+#[test]
+fn every_sequential_trace_is_tested() {
+    assert_eq!(traces::sequential().len(), 5);
+}
+
+/// The concurrent trace, replayed as one replica per agent that receives
+/// exactly the ops of a transaction's ancestors before making it, converges
+/// on every replica to exactly `endContent`, by ops, by deltas and by
+/// state merges.
+#[test]
+fn concurrent_trace_converges() {
+    for path in traces::concurrent() {
+        let trace = traces::load(&path);
+        let n = trace.agents;
+        let mut replicas: Vec<Text> = (0..n).map(|a| Text::new(r(a as u64 + 1))).collect();
+        let mut delivered = vec![vec![false; trace.txns.len()]; n];
+        let mut txn_ops: Vec<Vec<TextOp>> = Vec::with_capacity(trace.txns.len());
+        for (i, txn) in trace.txns.iter().enumerate() {
+            let a = txn.agent;
+            let mut need = Vec::new();
+            let mut stack = txn.parents.clone();
+            while let Some(t) = stack.pop() {
+                if !delivered[a][t] {
+                    delivered[a][t] = true;
+                    need.push(t);
+                    stack.extend(&trace.txns[t].parents);
+                }
+            }
+            need.sort_unstable();
+            for t in need {
+                for op in &txn_ops[t] {
+                    replicas[a].apply(op).expect("valid op");
+                }
+            }
+            let mut ops = Vec::new();
+            for p in &txn.patches {
+                apply_patch(&mut replicas[a], p, &mut ops);
+            }
+            delivered[a][i] = true;
+            txn_ops.push(ops);
+        }
+        // Two more replicas catch up by deltas and by whole states.
+        let mut by_delta = Text::new(r(100));
+        let mut by_state = Text::new(r(101));
+        for replica in &replicas {
+            by_delta.merge(&replica.delta(&by_delta.version_vector()));
+            by_state.merge(replica);
+        }
+        for a in 0..n {
+            for (t, ops) in txn_ops.iter().enumerate() {
+                if !delivered[a][t] {
+                    for op in ops {
+                        replicas[a].apply(op).expect("valid op");
+                    }
+                }
+            }
+        }
+        replicas.push(by_delta);
+        replicas.push(by_state);
+        for (i, doc) in replicas.iter().enumerate() {
+            doc.assert_invariants();
+            assert!(
+                doc.to_string() == trace.end_content,
+                "replica {i} of {}",
+                trace.name
+            );
+            assert_eq!(doc, &replicas[0]);
+        }
+        let back: Text = codec::from_bytes(&codec::to_bytes(&replicas[0])).expect("decodes");
+        assert_eq!(back, replicas[0]);
+    }
+}
+
+/// The number of property-test cases (`CALM_PROPTEST_CASES`).
+fn cases() -> u32 {
+    Config::default().cases
+}
+
+/// The `k`-th character of replica `i`'s run: unique per replica and
+/// position, so runs can be found in the merged text.
+fn run_char(i: usize, k: usize) -> char {
+    char::from_u32(0x4E00 + (i * 32 + k) as u32).expect("CJK")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Two to five replicas each type a run at one position at the same
+    /// time, forward or backward; after exchanging ops in a random order
+    /// (so many arrive early and are buffered) every replica holds the same
+    /// text, and each run is contiguous in it.
+    #[test]
+    fn concurrent_runs_never_interleave(
+        base in "[a-c]{0,8}",
+        at in any::<usize>(),
+        runs in vec((1..7usize, any::<bool>()), 2..6),
+        order in any::<u64>(),
+    ) {
+        let mut seed = Text::new(r(1000));
+        seed.insert(0, &base).unwrap();
+        let at = at % (base.chars().count() + 1);
+        let mut replicas: Vec<Text> = (0..runs.len()).map(|i| seed.fork(r(i as u64 + 1))).collect();
+        let mut ops = Vec::new();
+        let mut expected = Vec::new();
+        for (i, &(len, forward)) in runs.iter().enumerate() {
+            let mut typed = String::new();
+            for k in 0..len {
+                let c = run_char(i, k).to_string();
+                let pos = if forward { at + k } else { at };
+                ops.push(replicas[i].insert(pos, &c).unwrap());
+                if forward { typed.push_str(&c) } else { typed.insert_str(0, &c) }
+            }
+            expected.push(typed);
+        }
+        for (j, doc) in replicas.iter_mut().enumerate() {
+            let mut mine: Vec<&TextOp> = ops.iter().collect();
+            shuffle(&mut mine, order.wrapping_add(j as u64));
+            for op in mine {
+                doc.apply(op).unwrap();
+            }
+            doc.assert_invariants();
+            prop_assert_eq!(doc.buffered_ops(), 0);
+        }
+        let text = replicas[0].to_string();
+        for doc in &replicas {
+            prop_assert_eq!(doc, &replicas[0]);
+        }
+        for run in &expected {
+            prop_assert!(text.contains(run.as_str()), "run {:?} split in {:?}", run, text);
+        }
+        prop_assert_eq!(
+            text.chars().count(),
+            base.chars().count() + expected.iter().map(|s| s.chars().count()).sum::<usize>()
+        );
+    }
+
+    /// Random local edits give exactly the text a `Vec<char>` model gives;
+    /// a second replica fed the ops (one by one, in order) agrees, and
+    /// invariants hold throughout.
+    #[test]
+    fn local_edits_match_a_model(edits in vec((any::<bool>(), any::<usize>(), "[a-z日é😀]{1,6}", 1..8usize), 0..150)) {
+        let mut doc = Text::new(r(1));
+        let mut model: Vec<char> = Vec::new();
+        let mut remote = Text::new(r(2));
+        for (i, (insert, at, s, n)) in edits.into_iter().enumerate() {
+            let op = if insert || model.is_empty() {
+                let at = at % (model.len() + 1);
+                model.splice(at..at, s.chars());
+                doc.insert(at, &s).unwrap()
+            } else {
+                let at = at % model.len();
+                let end = (at + n).min(model.len());
+                model.drain(at..end);
+                doc.delete(at..end).unwrap()
+            };
+            prop_assert_eq!(remote.apply(&op).unwrap(), Applied::Integrated);
+            prop_assert_eq!(doc.to_string(), model.iter().collect::<String>());
+            prop_assert_eq!(doc.len(), model.len());
+            if i % 16 == 0 {
+                doc.assert_invariants();
+            }
+        }
+        doc.assert_invariants();
+        prop_assert_eq!(&remote, &doc);
+    }
+}
+
+/// A seeded Fisher–Yates shuffle (no extra crates).
+fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut s = seed | 1;
+    for i in (1..items.len()).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        items.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+}
+
+/// Thousands of random edits on one replica, enough to split leaves and
+/// nodes many times, match the model; every few hundred steps the whole
+/// structure is checked, and a fork made mid-way merges back.
+#[test]
+fn many_edits_match_a_model() {
+    let mut doc = Text::new(r(1));
+    let mut model: Vec<char> = Vec::new();
+    let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rand = move |n: usize| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s % n as u64) as usize
+    };
+    let alphabet: Vec<char> = "abcdefgh é日😀\u{301}".chars().collect();
+    for step in 0..6000 {
+        if model.is_empty() || rand(10) < 7 {
+            let at = rand(model.len() + 1);
+            let text: String = (0..1 + rand(12))
+                .map(|_| alphabet[rand(alphabet.len())])
+                .collect();
+            model.splice(at..at, text.chars());
+            doc.insert(at, &text).unwrap();
+        } else {
+            let at = rand(model.len());
+            let end = (at + 1 + rand(20)).min(model.len());
+            model.drain(at..end);
+            doc.delete(at..end).unwrap();
+        }
+        if step % 500 == 0 {
+            doc.assert_invariants();
+            assert_eq!(doc.to_string(), model.iter().collect::<String>());
+        }
+    }
+    doc.assert_invariants();
+    assert_eq!(doc.to_string(), model.iter().collect::<String>());
+    let mut other = Text::new(r(2));
+    other.merge(&doc);
+    assert_eq!(other, doc);
+}
+
+/// Emoji, CJK and combining marks: every character boundary converts to
+/// UTF-8 and UTF-16 offsets and back exactly, and offsets inside a
+/// character are refused.
+#[test]
+fn utf8_and_utf16_conversions_round_trip() {
+    let piece = "a😀日本e\u{301}ü👩‍👩‍👧 x";
+    let mut doc = Text::new(r(1));
+    let mut model = String::new();
+    for i in 0..300 {
+        let at = if i % 3 == 0 { 0 } else { doc.len() };
+        doc.insert(at, piece).unwrap();
+        if i % 3 == 0 {
+            model.insert_str(0, piece);
+        } else {
+            model.push_str(piece);
+        }
+    }
+    assert_eq!(doc.to_string(), model);
+    assert_eq!(doc.len_utf8(), model.len());
+    assert_eq!(doc.len_utf16(), model.encode_utf16().count());
+    let (mut b8, mut b16) = (0, 0);
+    for (c, ch) in model.chars().chain(std::iter::once('\0')).enumerate() {
+        assert_eq!(doc.chars_to_utf8(c), Ok(b8));
+        assert_eq!(doc.chars_to_utf16(c), Ok(b16));
+        assert_eq!(doc.utf8_to_chars(b8), Ok(c));
+        assert_eq!(doc.utf16_to_chars(b16), Ok(c));
+        if c == doc.len() {
+            break;
+        }
+        for inside in 1..ch.len_utf8() {
+            assert_eq!(
+                doc.utf8_to_chars(b8 + inside),
+                Err(TextError::NotCharBoundary {
+                    offset: b8 + inside
+                })
+            );
+        }
+        if ch.len_utf16() == 2 {
+            assert_eq!(
+                doc.utf16_to_chars(b16 + 1),
+                Err(TextError::NotCharBoundary { offset: b16 + 1 })
+            );
+        }
+        b8 += ch.len_utf8();
+        b16 += ch.len_utf16();
+    }
+    assert!(matches!(
+        doc.utf16_to_chars(b16 + 1),
+        Err(TextError::PositionOutOfBounds { .. })
+    ));
+    assert!(matches!(
+        doc.chars_to_utf8(doc.len() + 1),
+        Err(TextError::PositionOutOfBounds { .. })
+    ));
+}
+
+/// Positions past the end and bad ranges are typed errors that change
+/// nothing.
+#[test]
+fn bad_positions_change_nothing() {
+    let mut doc = Text::new(r(1));
+    doc.insert(0, "hello").unwrap();
+    let before = doc.clone();
+    assert_eq!(
+        doc.insert(6, "x"),
+        Err(TextError::PositionOutOfBounds { pos: 6, len: 5 })
+    );
+    assert_eq!(
+        doc.delete(3..9),
+        Err(TextError::RangeOutOfBounds {
+            start: 3,
+            end: 9,
+            len: 5
+        })
+    );
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = doc.delete(4..2);
+    assert!(matches!(backwards, Err(TextError::RangeOutOfBounds { .. })));
+    assert_eq!(doc, before);
+    assert_eq!(doc.version_vector(), before.version_vector());
+    // Empty edits are fine and do nothing.
+    assert!(doc.insert(5, "").unwrap().is_empty());
+    assert!(doc.delete(2..2).unwrap().is_empty());
+    assert_eq!(doc, before);
+}
+
+/// A remote op whose dependencies are missing is buffered, leaves the text
+/// alone, and applies once they arrive; duplicates are ignored.
+#[test]
+fn early_ops_are_buffered() {
+    let mut a = Text::new(r(1));
+    let ops = [
+        a.insert(0, "abc").unwrap(),
+        a.delete(1..2).unwrap(),
+        a.insert(2, "de").unwrap(),
+    ];
+    let mut b = Text::new(r(2));
+    assert_eq!(b.apply(&ops[2]), Ok(Applied::Buffered));
+    assert_eq!(b.apply(&ops[1]), Ok(Applied::Buffered));
+    assert_eq!((b.to_string(), b.buffered_ops()), (String::new(), 2));
+    assert_eq!(b.version_vector(), VersionVector::new());
+    assert_eq!(b.apply(&ops[0]), Ok(Applied::Integrated));
+    assert_eq!((b.to_string(), b.buffered_ops()), ("acde".to_owned(), 0));
+    assert_eq!(b.apply(&ops[1]), Ok(Applied::AlreadyKnown));
+    assert_eq!(b, a);
+}
+
+/// An op that names a deletion where a character must be is refused with
+/// a typed error and changes nothing.
+#[test]
+fn invalid_ops_are_refused() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "ab").unwrap();
+    a.delete(0..1).unwrap(); // event r1.3 is a deletion
+    // Replica 2 "inserts" after r1.3, by hand-made bytes.
+    let mut enc = Encoder::new();
+    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(<TextOp as codec::Tagged>::TAG);
+    enc.varint(2); // replica
+    enc.varint(1); // counter
+    enc.byte(0); // insert
+    enc.byte(2); // left origin: another replica's id
+    enc.varint(1);
+    enc.varint(3);
+    enc.byte(0); // no right origin
+    enc.bytes(b"x");
+    enc.length(0);
+    let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+    let before = a.clone();
+    assert!(matches!(a.apply(&op), Err(TextError::InvalidOp { .. })));
+    assert_eq!(a, before);
+}
+
+/// Ops round-trip through the codec; truncated ops are errors.
+#[test]
+fn ops_round_trip() {
+    let mut a = Text::new(r(7));
+    let mut ops = vec![a.insert(0, "héllo wörld 😀").unwrap()];
+    ops.push(a.delete(2..5).unwrap());
+    ops.push(a.insert(3, "日本").unwrap());
+    ops.extend(a.ops_since(&VersionVector::new()));
+    for op in &ops {
+        let bytes = codec::to_bytes(op);
+        assert_eq!(&codec::from_bytes::<TextOp>(&bytes).unwrap(), op);
+        for cut in 0..bytes.len() {
+            assert!(codec::from_bytes::<TextOp>(&bytes[..cut]).is_err());
+        }
+    }
+}
+
+/// A 2^60 length where a document's replica table, an op's text or its
+/// hidden stretches should be allocates nothing like it.
+#[test]
+fn text_length_bomb_allocates_nothing() {
+    for depth in 0..3 {
+        let mut enc = Encoder::new();
+        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<Text as codec::Tagged>::TAG);
+        if depth == 0 {
+            enc.varint(1 << 60);
+        } else {
+            enc.length(1); // one replica
+            enc.varint(5);
+            enc.varint(3); // three events
+            enc.byte(0); // an insert
+            enc.byte(0);
+            enc.byte(0);
+            if depth == 1 {
+                enc.varint(1 << 60); // text length
+            } else {
+                enc.bytes(b"abc");
+                enc.varint(1 << 60); // hidden stretches
+            }
+        }
+        let bytes = enc.into_bytes();
+        let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(&bytes));
+        assert!(
+            matches!(result, Err(DecodeError::LengthOverflow { declared, .. }) if declared == 1 << 60),
+            "{result:?}"
+        );
+        assert!(allocated < 4096, "allocated {allocated} bytes");
+    }
+}
+
+/// A hidden run that claims two billion characters in a few bytes is
+/// refused without building anything of that size.
+#[test]
+fn huge_hidden_runs_are_refused() {
+    let mut enc = Encoder::new();
+    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(<Text as codec::Tagged>::TAG);
+    enc.length(1);
+    enc.varint(5);
+    enc.varint(u64::from(u32::MAX)); // events
+    enc.byte(0);
+    enc.byte(0);
+    enc.byte(0);
+    enc.bytes(b"");
+    enc.length(1);
+    enc.varint(0);
+    enc.varint(u64::from(u32::MAX));
+    let bytes = enc.into_bytes();
+    let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(&bytes));
+    assert!(result.is_err(), "{result:?}");
+    assert!(allocated < 64 * 1024, "allocated {allocated} bytes");
+}
+
+/// Counters at the edge of `u64` (from a hostile peer's version vector or
+/// op) are handled without overflow.
+#[test]
+fn extreme_counters_do_not_overflow() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "abc").unwrap();
+    let huge: VersionVector = [(r(1), u64::MAX)].into_iter().collect();
+    assert!(a.ops_since(&huge).is_empty());
+    assert!(a.delta(&huge).to_string().is_empty());
+    let mut enc = Encoder::new();
+    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(<TextOp as codec::Tagged>::TAG);
+    enc.varint(9); // replica
+    enc.varint(u64::MAX - 2); // counter
+    enc.byte(0); // insert, no origins
+    enc.byte(0);
+    enc.byte(0);
+    enc.bytes(b"xy");
+    enc.length(0);
+    let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+    assert_eq!(a.apply(&op), Ok(Applied::Buffered));
+    assert_eq!(a.to_string(), "abc");
+    let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");
+    assert_eq!(back, a);
+}
