@@ -9,6 +9,7 @@ mod coord_idempotent;
 mod coord_ownership;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod faults;
+mod fuzz_seeds;
 mod harness;
 mod laws;
 mod serde_input;

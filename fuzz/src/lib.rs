@@ -1,0 +1,39 @@
+//! Shared checks of the fuzz targets.
+
+use calm::Merge;
+use calm::codec::{self, Tagged};
+
+/// Decodes `data` as a `T`. Decoding must never panic; a value that decodes
+/// must re-encode to exactly the same bytes (calm's encodings are
+/// canonical) and must merge with itself and with the default state without
+/// panicking, and merging must be idempotent.
+pub fn canonical<T: Tagged + Merge + Clone + PartialEq + Default + std::fmt::Debug>(data: &[u8]) {
+    let Ok(v) = codec::from_bytes::<T>(data) else {
+        return;
+    };
+    assert_eq!(codec::to_bytes(&v), data, "accepted bytes re-encode differently");
+    let mut twice = v.clone();
+    twice.merge(&v);
+    assert_eq!(twice, v, "merge is not idempotent on a decoded value");
+    let mut with_default = T::default();
+    with_default.merge(&v);
+    let mut other = v.clone();
+    other.merge(&T::default());
+}
+
+/// As [`canonical`] for encodings that are not canonical (serde formats):
+/// an accepted value must survive re-encoding.
+pub fn stable<T: Tagged + Merge + Clone + PartialEq + Default + std::fmt::Debug>(data: &[u8]) {
+    let Ok(v) = codec::from_bytes::<T>(data) else {
+        return;
+    };
+    let again = codec::from_bytes::<T>(&codec::to_bytes(&v)).expect("re-encoded value decodes");
+    assert_eq!(again, v, "value changed across re-encoding");
+    let mut m = v.clone();
+    m.merge(&T::default());
+}
+
+/// Splits fuzz input into a selector byte and the rest.
+pub fn split(data: &[u8]) -> Option<(u8, &[u8])> {
+    data.split_first().map(|(s, rest)| (*s, rest))
+}
