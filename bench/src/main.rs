@@ -10,6 +10,7 @@ mod coord;
 mod crdt;
 mod harness;
 mod occ;
+mod report;
 mod rng;
 mod text;
 
@@ -25,8 +26,9 @@ fn main() {
         "coord" => coord::run(),
         "adapt" => adapt::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
+        "report" => report::run(),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt, text");
+            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt, text; or report");
             std::process::exit(2);
         }
     };

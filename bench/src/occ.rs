@@ -329,3 +329,36 @@ pub fn run() -> Vec<Row> {
     ));
     rows
 }
+
+/// Nanoseconds per `update` with 1, 2, 4 and 8 threads contending on one
+/// value: `VersionedCell`, `std::sync::Mutex`, `parking_lot::Mutex`.
+pub fn contention_curve() -> Vec<(usize, f64, f64, f64)> {
+    let cell = VersionedCell::new(0u64);
+    let mx = Mutex::new(0u64);
+    let pl = parking_lot::Mutex::new(0u64);
+    let patient = calm::occ::RetryPolicy::in_process().with_max_attempts(1 << 20);
+    [1usize, 2, 4, 8]
+        .into_iter()
+        .map(|threads| {
+            let (ours, std_mutex) = compare(
+                Side::custom(|n| {
+                    on_threads(threads, n, || {
+                        cell.update_with(&patient, |x| x + 1)
+                            .expect("within budget");
+                    })
+                }),
+                Side::custom(|n| on_threads(threads, n, || *mx.lock().unwrap() += 1)),
+            );
+            let (_, parking) = compare(
+                Side::custom(|n| {
+                    on_threads(threads, n, || {
+                        cell.update_with(&patient, |x| x + 1)
+                            .expect("within budget");
+                    })
+                }),
+                Side::custom(|n| on_threads(threads, n, || *pl.lock() += 1)),
+            );
+            (threads, ours * 1e9, std_mutex * 1e9, parking * 1e9)
+        })
+        .collect()
+}
