@@ -180,13 +180,14 @@
 //!
 //! - local editing costs about what diamond-types costs on the long traces
 //!   (0.99× on `automerge-paper`, 260k patches, in 19–26 ms) and up to 1.8×
-//!   on short ones with long pastes; 5–300× faster than loro, yrs and
-//!   automerge; 1.5–2.8× a plain rope (jumprope);
+//!   on short ones with long pastes; 5× (loro) to 500× (yrs) faster than
+//!   the other CRDTs; 1.5–2.8× a plain rope (jumprope);
 //! - a replica keeps 0.4–0.7× the heap of diamond-types and 0.2–0.4× that
 //!   of cola, loro and yrs;
 //! - merging a whole remote history and loading a document replay every
 //!   run through the ordering rule: 4–6× slower than diamond-types, 2–4×
-//!   slower than yrs, about loro's merge time, 4–20× faster than automerge;
+//!   slower than yrs, about loro's merge time, 3.5–20× faster than
+//!   automerge;
 //! - the encoding is 1.5–2.1× diamond-types' (which LZ4-compresses its
 //!   text), smaller than yrs', loro's and cola's.
 
