@@ -169,6 +169,7 @@
 //! the last local edit. Ids and origins live in a separate run-length
 //! encoded log. The files, each with a long comment on its structure:
 //! `leaf.rs` (runs and leaves), `tree.rs` (the B-tree, index and cursor),
+//! `balance.rs` (splits, metrics and index upkeep),
 //! `history.rs` (ids, origins and deletions), `integrate.rs` (the rule,
 //! buffering, merge), `encoding.rs` (the binary format).
 //!
@@ -191,6 +192,7 @@
 //! - the encoding is 1.5–2.1× diamond-types' (which LZ4-compresses its
 //!   text), smaller than yrs', loro's and cola's.
 
+mod balance;
 mod document;
 mod encoding;
 mod error;
