@@ -380,22 +380,23 @@ impl Tree {
         let mut leaf = first;
         let mut hops = 0;
         while leaf != NONE {
-            let mut chars = 0;
-            for (i, r) in self.leaves[leaf as usize].runs.iter().enumerate() {
-                if r.contains(lv) {
-                    let offset = lv - r.lv;
-                    if !r.deleted() {
-                        chars += offset as usize;
-                    }
-                    let pos = Pos {
-                        leaf,
-                        run: i,
-                        offset,
-                        chars,
-                    };
-                    return Some((pos, hops));
+            let runs = &self.leaves[leaf as usize].runs;
+            // A tight search first (one wrapping compare per run); the
+            // characters before the hit are only summed once it is found.
+            if let Some(i) = runs.iter().position(|r| lv.wrapping_sub(r.lv) < r.len()) {
+                let r = runs[i];
+                let offset = lv - r.lv;
+                let mut chars: usize = runs[..i].iter().map(|r| r.visible() as usize).sum();
+                if !r.deleted() {
+                    chars += offset as usize;
                 }
-                chars += r.visible() as usize;
+                let pos = Pos {
+                    leaf,
+                    run: i,
+                    offset,
+                    chars,
+                };
+                return Some((pos, hops));
             }
             leaf = self.leaves[leaf as usize].next;
             hops += 1;
