@@ -160,7 +160,12 @@ fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp,
         0 => {
             let origin_left = read_origin(dec, names, id)?;
             let origin_right = read_origin(dec, names, id)?;
-            let text = Content::from(String::decode(dec)?);
+            let at = dec.offset();
+            let bytes = dec.bytes()?;
+            // Short texts go inline without a `String` in between.
+            let text = std::str::from_utf8(bytes)
+                .map(Content::from)
+                .map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
             let n = dec.length()?;
             let mut hidden = Vec::with_capacity(n);
             let mut prev = 0u64;
