@@ -179,15 +179,15 @@
 //! the five editing traces in `tests/data/traces` (2-core VM; the README's
 //! Benchmarks section and `bench/TEXT-RESULTS.md` have the tables):
 //!
-//! - local editing costs about what diamond-types costs on the long traces
-//!   (0.99× on `automerge-paper`, 260k patches, in 19–26 ms) and up to 1.8×
-//!   on short ones with long pastes; 5× (loro) to 500× (yrs) faster than
-//!   the other CRDTs; 1.5–2.8× a plain rope (jumprope);
+//! - local editing costs what diamond-types costs on four traces
+//!   (0.98–1.06×; `automerge-paper`, 260k patches, in 18–27 ms) and 1.4×
+//!   on the one with the longest pastes; 5× (loro) to 500× (yrs) faster
+//!   than the other CRDTs; 1.9–2.7× a plain rope (jumprope);
 //! - a replica keeps 0.4–0.7× the heap of diamond-types and 0.2–0.4× that
 //!   of cola, loro and yrs;
 //! - merging a whole remote history and loading a document replay every
-//!   run through the ordering rule: 4–6× slower than diamond-types, 2–4×
-//!   slower than yrs, about loro's merge time, 3.5–20× faster than
+//!   run through the ordering rule: 3–4× slower than diamond-types, 1.7–2.7×
+//!   slower than yrs, faster than loro's merge, 7–20× faster than
 //!   automerge;
 //! - the encoding is 1.5–2.1× diamond-types' (which LZ4-compresses its
 //!   text), smaller than yrs', loro's and cola's.

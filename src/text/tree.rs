@@ -42,16 +42,20 @@
 //! Splits therefore leave the index alone (re-pointing every moved range
 //! was the most expensive part of a split, and local editing never reads
 //! the index); [`Tree::locate`] walks the chain from the indexed leaf, and
-//! [`Tree::locate_fresh`], used by remote operations, re-points the range
-//! it found so the walk stays short where remote edits happen.
+//! [`Tree::locate_fresh`], used by remote operations, re-points the run it
+//! found when the walk passed more than one leaf, so walks stay short where
+//! remote edits happen.
 //!
 //! # Cursor cache
 //!
 //! Editors type where they typed last. `cursor` remembers the leaf of the
-//! last local edit and the character position where that leaf starts, so the
-//! next edit in the same leaf skips the descent entirely. An edit before the
-//! cached leaf would move its start, so every edit either refreshes the
-//! cache or clears it.
+//! last local edit, the character position where that leaf starts, and a
+//! run of it with the characters before that run, so the next edit in the
+//! same leaf skips the descent and starts its scan of the runs there
+//! (typing on extends that very run; backspacing lands just before it). An
+//! edit before the cached leaf would move its start, so every edit either
+//! refreshes the cache or clears it; a split of the cached leaf resets the
+//! run part.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
