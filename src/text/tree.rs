@@ -562,6 +562,11 @@ impl Tree {
             let l = &self.leaves[leaf as usize];
             let here = len.min(l.chars - from);
             if here > 0 {
+                // The deleted characters are contiguous in the leaf's text:
+                // cut them in one go, then turn their runs into tombstones.
+                let old = Metrics::of(l);
+                self.cut_text(leaf, from, here);
+                let l = &self.leaves[leaf as usize];
                 let (mut i, mut offset) = if first {
                     visible_index_from(&l.runs, from, hint)
                 } else {
@@ -578,7 +583,7 @@ impl Tree {
                     deleted(r.lv + offset, take);
                     // Killed characters stop being visible, so `from`
                     // characters still come before the next one.
-                    let dead = self.kill(leaf, i, offset, take, from);
+                    let dead = self.bury(leaf, i, offset, take);
                     if first {
                         // Backspacing deletes the character before next:
                         // cache the run before the tombstone.
@@ -601,6 +606,7 @@ impl Tree {
                     offset = 0;
                     left -= take as usize;
                 }
+                self.propagate(leaf, old);
                 len -= here;
             }
             let next = self.leaves[leaf as usize].next;
@@ -639,30 +645,45 @@ impl Tree {
     }
 
     /// Turns items `offset .. offset + take` of visible run `i` of `leaf`
-    /// into a tombstone, where `chars` visible characters of the leaf come
-    /// before them. Joins the tombstone with tombstone neighbours whose local
-    /// versions continue it. Returns the tombstone's run index.
-    fn kill(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32, chars: usize) -> usize {
+    /// into a tombstone, text and all, where `chars` visible characters of
+    /// the leaf come before them.
+    fn kill(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32, chars: usize) {
+        let old = Metrics::of(&self.leaves[leaf_id as usize]);
+        self.cut_text(leaf_id, chars, take as usize);
+        self.bury(leaf_id, i, offset, take);
+        self.propagate(leaf_id, old);
+    }
+
+    /// Removes `n` visible characters from `leaf`'s text, starting after
+    /// its first `chars` visible characters; the caller marks their runs
+    /// and propagates the metrics.
+    fn cut_text(&mut self, leaf_id: u32, chars: usize, n: usize) {
         let leaf = &mut self.leaves[leaf_id as usize];
-        let old = Metrics::of(leaf);
         let b0 = leaf.byte_of(chars);
         let b1 = if leaf.text.len() == leaf.chars {
-            b0 + take as usize
+            b0 + n
         } else {
             b0 + leaf.text[b0..]
                 .char_indices()
-                .nth(take as usize)
+                .nth(n)
                 .map_or(leaf.text.len() - b0, |(b, _)| b)
         };
         leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
-        leaf.chars -= take as usize;
+        leaf.chars -= n;
         leaf.text.drain(b0..b1);
         if leaf.text.capacity() > 2 * leaf.text.len() + 256 {
             // Deleting mostly empties leaves of a document that once held
             // far more text: give the memory back.
             leaf.text.shrink_to(leaf.text.len() + 64);
         }
+    }
 
+    /// Marks items `offset .. offset + take` of visible run `i` of `leaf`
+    /// deleted (the text is the caller's), joining the tombstone with
+    /// tombstone neighbours whose local versions continue it. Returns the
+    /// tombstone's run index.
+    fn bury(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32) -> usize {
+        let leaf = &mut self.leaves[leaf_id as usize];
         let r = leaf.runs[i];
         let mut at = i;
         let dead = Run::new(r.lv + offset, take, true);
@@ -689,7 +710,6 @@ impl Tree {
             leaf.runs[at] = here.with_len(here.len() + leaf.runs[at + 1].len());
             leaf.runs.remove(at + 1);
         }
-        self.propagate(leaf_id, old);
         at
     }
 
