@@ -393,7 +393,7 @@ impl TextOp {
                 }
                 if targets
                     .windows(2)
-                    .any(|w| continues(&w[0], &w[1]).is_some())
+                    .any(|w| continues(&w[0], &first_event(&w[1])).is_some())
                 {
                     return Err("delete targets not joined");
                 }
@@ -425,10 +425,28 @@ fn continues(last: &Target, next: &Target) -> Option<bool> {
     }
 }
 
-/// Appends `t` to `targets`, joining it with the last target when the two
+/// The first event of `t` as a target of its own.
+fn first_event(t: &Target) -> Target {
+    let offset = if t.reversed { u64::from(t.len) - 1 } else { 0 };
+    Target {
+        start: Dot::new(t.start.replica(), t.start.counter() + offset),
+        len: 1,
+        reversed: false,
+    }
+}
+
+/// Appends `t` to `targets`, joining it with the last target when they
 /// continue each other (forward or backward).
-pub(crate) fn push_target(targets: &mut Vec<Target>, t: Target) {
-    if let Some(last) = targets.last_mut() {
+///
+/// Targets are joined greedily, event by event: if only the first event of
+/// `t` continues the last target, it joins and the rest starts anew. Every
+/// list of targets is thus the one unique greedy split of its events, which
+/// keeps equal ops equal and their encoding canonical.
+pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
+    loop {
+        let Some(last) = targets.last_mut() else {
+            break;
+        };
         match continues(last, &t) {
             Some(false) => {
                 last.len += t.len;
@@ -441,7 +459,20 @@ pub(crate) fn push_target(targets: &mut Vec<Target>, t: Target) {
                 last.reversed = true;
                 return;
             }
-            None => {}
+            None if t.len > 1 && continues(last, &first_event(&t)).is_some() => {
+                let first = first_event(&t);
+                t = Target {
+                    start: if t.reversed {
+                        t.start
+                    } else {
+                        Dot::new(t.start.replica(), t.start.counter() + 1)
+                    },
+                    len: t.len - 1,
+                    reversed: t.reversed,
+                };
+                push_target(targets, first);
+            }
+            None => break,
         }
     }
     targets.push(Target {
@@ -538,6 +569,30 @@ mod tests {
         let mut head = op.slice(0, 1);
         assert!(head.try_append(&tail));
         assert_eq!(head, op);
+    }
+
+    /// Target lists are the greedy split of their events, whichever way the
+    /// pieces arrive: `2, 3, 2` is `[2..=3] [2]`, never `[2] [3..=2]`.
+    #[test]
+    fn targets_join_greedily() {
+        let t = |c, len, reversed| Target {
+            start: dot(2, c),
+            len,
+            reversed,
+        };
+        let mut a = vec![t(2, 1, false)];
+        push_target(&mut a, t(2, 2, true));
+        assert_eq!(a, vec![t(2, 2, false), t(2, 1, false)]);
+        let mut b = Vec::new();
+        for c in [2, 3, 2] {
+            push_target(&mut b, t(c, 1, false));
+        }
+        assert_eq!(a, b);
+        let op = TextOp {
+            id: dot(1, 1),
+            kind: OpKind::Delete(vec![t(2, 1, false), t(2, 2, true)]),
+        };
+        assert!(op.check().is_err(), "a non-greedy split is refused");
     }
 
     /// Ops that break the rules are reported.
