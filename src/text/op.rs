@@ -443,10 +443,7 @@ fn first_event(t: &Target) -> Target {
 /// list of targets is thus the one unique greedy split of its events, which
 /// keeps equal ops equal and their encoding canonical.
 pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
-    loop {
-        let Some(last) = targets.last_mut() else {
-            break;
-        };
+    while let Some(last) = targets.last_mut() {
         match continues(last, &t) {
             Some(false) => {
                 last.len += t.len;
