@@ -160,7 +160,12 @@ fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp,
         0 => {
             let origin_left = read_origin(dec, names, id)?;
             let origin_right = read_origin(dec, names, id)?;
-            let text = Content::from(String::decode(dec)?);
+            let at = dec.offset();
+            let bytes = dec.bytes()?;
+            // Short texts go inline without a `String` in between.
+            let text = std::str::from_utf8(bytes)
+                .map(Content::from)
+                .map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
             let n = dec.length()?;
             let mut hidden = Vec::with_capacity(n);
             let mut prev = 0u64;
@@ -267,7 +272,6 @@ impl Codec for Text {
         let mut visible = 0usize;
         for (&r, &k) in table.iter().zip(&known) {
             let mut counter = 1;
-            let mut prev: Option<TextOp> = None;
             while counter <= k {
                 let offset = dec.offset();
                 let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
@@ -275,15 +279,17 @@ impl Codec for Text {
                 if op.is_empty() || op.end() - 1 > k {
                     return Err(invalid("op empty or past its replica's version"));
                 }
-                if prev.is_some_and(|mut p| p.try_append(&op)) {
+                let queue = text.pending.by_replica.entry(r).or_default();
+                if queue.back().is_some_and(|p| p.joins(&op)) {
                     return Err(invalid("ops not joined"));
                 }
                 counter = op.end();
                 if let OpKind::Insert(ins) = &op.kind {
                     visible += char_len(&ins.text);
                 }
-                text.pending.push(op.clone(), 0);
-                prev = Some(op);
+                // In counter order, not overlapping, not joinable: already
+                // in the buffer's normal form.
+                queue.push_back(op);
             }
         }
         text.drain();
@@ -305,7 +311,7 @@ impl Codec for Text {
             });
         }
         let n = dec.length()?;
-        let mut prev: Option<TextOp> = None;
+        let mut last: Option<(ReplicaId, u64)> = None;
         for _ in 0..n {
             let offset = dec.offset();
             let op = TextOp::decode(dec)?;
@@ -313,20 +319,15 @@ impl Codec for Text {
             if op.is_empty() || op.id.counter() <= text.history.known(op.replica()) {
                 return Err(invalid("buffered op empty or already applied"));
             }
-            if let Some(p) = &prev {
-                let order = (p.replica(), p.end()) <= (op.replica(), op.id.counter());
-                if !order || p.clone().try_append(&op) {
-                    return Err(invalid(
-                        "buffered ops out of order, overlapping or not joined",
-                    ));
-                }
+            let queue = text.pending.by_replica.entry(op.replica()).or_default();
+            let in_order = last.is_none_or(|l| l <= (op.replica(), op.id.counter()));
+            if !in_order || queue.back().is_some_and(|p| p.joins(&op)) {
+                return Err(invalid(
+                    "buffered ops out of order, overlapping or not joined",
+                ));
             }
-            text.pending
-                .by_replica
-                .entry(op.replica())
-                .or_default()
-                .push_back(op.clone());
-            prev = Some(op);
+            last = Some((op.replica(), op.end()));
+            queue.push_back(op);
         }
         Ok(text)
     }

@@ -178,9 +178,14 @@ impl History {
         if counter == 0 || counter > agent.known {
             return Lookup::Unknown;
         }
-        let i = agent
-            .inserts
-            .partition_point(|&e| self.inserts[e as usize].counter <= counter);
+        // Remote ops mostly name characters of their replica's latest
+        // insert: try it before searching.
+        let i = match agent.inserts.last() {
+            Some(&e) if self.inserts[e as usize].counter <= counter => agent.inserts.len(),
+            _ => agent
+                .inserts
+                .partition_point(|&e| self.inserts[e as usize].counter <= counter),
+        };
         if i > 0 {
             let e = agent.inserts[i - 1] as usize;
             let entry = &self.inserts[e];

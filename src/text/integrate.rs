@@ -105,7 +105,7 @@ impl Pending {
             for op in queue {
                 assert!(!op.is_empty() && op.id.counter() >= at, "pending overlap");
                 if let Some(p) = prev {
-                    assert!(!p.clone().try_append(op), "pending ops not joined");
+                    assert!(!p.joins(op), "pending ops not joined");
                 }
                 at = op.end();
                 prev = Some(op);
@@ -330,12 +330,13 @@ impl Text {
                 if u64::from(self.history.items) + u64::from(ins.len) > MAX_CHARS {
                     return Err(TextError::TooLarge { max: MAX_CHARS });
                 }
-                for origin in [left, right] {
-                    if origin != NONE {
-                        self.tree.locate_fresh(origin);
-                    }
-                }
-                let place = self.place(left, right, op.replica());
+                let left_pos = (left != NONE)
+                    .then(|| self.tree.locate_fresh(left))
+                    .flatten();
+                let right_pos = (right != NONE)
+                    .then(|| self.tree.locate_fresh(right))
+                    .flatten();
+                let place = self.place(left, left_pos, right, right_pos, op.replica());
                 let agent = self.history.intern(op.replica());
                 let lv = self
                     .history
@@ -446,10 +447,18 @@ impl Text {
     /// one further right means we go after it. Items whose left origin is
     /// inside the scanned stretch are descendants of something scanned and
     /// are skipped.
-    fn place(&self, left: u32, right: u32, replica: ReplicaId) -> Pos {
+    ///
+    /// `left_pos` and `right_pos` are where the origins are (`None` for a
+    /// document end).
+    fn place(
+        &self,
+        left: u32,
+        left_pos: Option<Pos>,
+        right: u32,
+        right_pos: Option<Pos>,
+        replica: ReplicaId,
+    ) -> Pos {
         let tree = &self.tree;
-        let left_pos = (left != NONE).then(|| tree.locate(left)).flatten();
-        let right_pos = (right != NONE).then(|| tree.locate(right)).flatten();
         let mut cur = left_pos.map_or(tree.start(), |p| tree.after(p));
         let mut dest = cur;
         let mut scanning = false;

@@ -308,19 +308,31 @@ impl TextOp {
         }
     }
 
-    /// Appends `next` to this op if it continues it (same replica, next
-    /// counter, and for an insertion typed right after it with the same
-    /// right origin). Returns whether it did.
-    pub(crate) fn try_append(&mut self, next: &TextOp) -> bool {
+    /// Whether `next` continues this op (same replica, next counter, and
+    /// for an insertion typed right after it with the same right origin),
+    /// so the two could be one op.
+    pub(crate) fn joins(&self, next: &TextOp) -> bool {
         if next.replica() != self.replica() || next.id.counter() != self.end() || self.is_empty() {
             return false;
         }
-        let last = self.event(self.len32() - 1);
+        match (&self.kind, &next.kind) {
+            (OpKind::Insert(a), OpKind::Insert(b)) => {
+                b.origin_left == Some(self.event(self.len32() - 1))
+                    && b.origin_right == a.origin_right
+            }
+            (OpKind::Delete(_), OpKind::Delete(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// Appends `next` to this op if it [`joins`](TextOp::joins) it.
+    /// Returns whether it did.
+    pub(crate) fn try_append(&mut self, next: &TextOp) -> bool {
+        if !self.joins(next) {
+            return false;
+        }
         match (&mut self.kind, &next.kind) {
             (OpKind::Insert(a), OpKind::Insert(b)) => {
-                if b.origin_left != Some(last) || b.origin_right != a.origin_right {
-                    return false;
-                }
                 for &(o, l) in &b.hidden {
                     let o = o + a.len;
                     match a.hidden.last_mut() {
@@ -330,16 +342,15 @@ impl TextOp {
                 }
                 a.text.push_str(&b.text);
                 a.len += b.len;
-                true
             }
             (OpKind::Delete(a), OpKind::Delete(b)) => {
                 for t in b {
                     push_target(a, *t);
                 }
-                true
             }
-            _ => false,
+            _ => {}
         }
+        true
     }
 
     /// Checks the rules every op obeys; returns the broken one.
@@ -380,11 +391,10 @@ impl TextOp {
                     }
                     sum += u64::from(t.len);
                 }
-                if targets.windows(2).any(|w| {
-                    let mut joined = vec![w[0]];
-                    push_target(&mut joined, w[1]);
-                    joined.len() == 1
-                }) {
+                if targets
+                    .windows(2)
+                    .any(|w| continues(&w[0], &first_event(&w[1])).is_some())
+                {
                     return Err("delete targets not joined");
                 }
                 sum
@@ -397,25 +407,69 @@ impl TextOp {
     }
 }
 
-/// Appends `t` to `targets`, joining it with the last target when the two
+/// How `next` continues `last` when deleted right after it: forward
+/// (`Some(false)`), backward (`Some(true)`), or not at all (`None`).
+fn continues(last: &Target, next: &Target) -> Option<bool> {
+    if last.start.replica() != next.start.replica() {
+        return None;
+    }
+    let (lc, nc) = (last.start.counter(), next.start.counter());
+    let forward = (last.len == 1 || !last.reversed) && (next.len == 1 || !next.reversed);
+    let backward = (last.len == 1 || last.reversed) && (next.len == 1 || next.reversed);
+    if forward && nc == lc + u64::from(last.len) {
+        Some(false)
+    } else if backward && nc + u64::from(next.len) == lc {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The first event of `t` as a target of its own.
+fn first_event(t: &Target) -> Target {
+    let offset = if t.reversed { u64::from(t.len) - 1 } else { 0 };
+    Target {
+        start: Dot::new(t.start.replica(), t.start.counter() + offset),
+        len: 1,
+        reversed: false,
+    }
+}
+
+/// Appends `t` to `targets`, joining it with the last target when they
 /// continue each other (forward or backward).
-pub(crate) fn push_target(targets: &mut Vec<Target>, t: Target) {
-    if let Some(last) = targets.last_mut() {
-        if last.start.replica() == t.start.replica() {
-            let (lc, tc) = (last.start.counter(), t.start.counter());
-            let forward = (last.len == 1 || !last.reversed) && (t.len == 1 || !t.reversed);
-            let backward = (last.len == 1 || last.reversed) && (t.len == 1 || t.reversed);
-            if forward && tc == lc + u64::from(last.len) {
+///
+/// Targets are joined greedily, event by event: if only the first event of
+/// `t` continues the last target, it joins and the rest starts anew. Every
+/// list of targets is thus the one unique greedy split of its events, which
+/// keeps equal ops equal and their encoding canonical.
+pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
+    while let Some(last) = targets.last_mut() {
+        match continues(last, &t) {
+            Some(false) => {
                 last.len += t.len;
                 last.reversed = false;
                 return;
             }
-            if backward && tc + u64::from(t.len) == lc {
+            Some(true) => {
                 last.start = t.start;
                 last.len += t.len;
                 last.reversed = true;
                 return;
             }
+            None if t.len > 1 && continues(last, &first_event(&t)).is_some() => {
+                let first = first_event(&t);
+                t = Target {
+                    start: if t.reversed {
+                        t.start
+                    } else {
+                        Dot::new(t.start.replica(), t.start.counter() + 1)
+                    },
+                    len: t.len - 1,
+                    reversed: t.reversed,
+                };
+                push_target(targets, first);
+            }
+            None => break,
         }
     }
     targets.push(Target {
@@ -512,6 +566,30 @@ mod tests {
         let mut head = op.slice(0, 1);
         assert!(head.try_append(&tail));
         assert_eq!(head, op);
+    }
+
+    /// Target lists are the greedy split of their events, whichever way the
+    /// pieces arrive: `2, 3, 2` is `[2..=3] [2]`, never `[2] [3..=2]`.
+    #[test]
+    fn targets_join_greedily() {
+        let t = |c, len, reversed| Target {
+            start: dot(2, c),
+            len,
+            reversed,
+        };
+        let mut a = vec![t(2, 1, false)];
+        push_target(&mut a, t(2, 2, true));
+        assert_eq!(a, vec![t(2, 2, false), t(2, 1, false)]);
+        let mut b = Vec::new();
+        for c in [2, 3, 2] {
+            push_target(&mut b, t(c, 1, false));
+        }
+        assert_eq!(a, b);
+        let op = TextOp {
+            id: dot(1, 1),
+            kind: OpKind::Delete(vec![t(2, 1, false), t(2, 2, true)]),
+        };
+        assert!(op.check().is_err(), "a non-greedy split is refused");
     }
 
     /// Ops that break the rules are reported.

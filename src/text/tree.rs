@@ -42,22 +42,26 @@
 //! Splits therefore leave the index alone (re-pointing every moved range
 //! was the most expensive part of a split, and local editing never reads
 //! the index); [`Tree::locate`] walks the chain from the indexed leaf, and
-//! [`Tree::locate_fresh`], used by remote operations, re-points the range
-//! it found so the walk stays short where remote edits happen.
+//! [`Tree::locate_fresh`], used by remote operations, re-points the run it
+//! found when the walk passed more than one leaf, so walks stay short where
+//! remote edits happen.
 //!
 //! # Cursor cache
 //!
 //! Editors type where they typed last. `cursor` remembers the leaf of the
-//! last local edit and the character position where that leaf starts, so the
-//! next edit in the same leaf skips the descent entirely. An edit before the
-//! cached leaf would move its start, so every edit either refreshes the
-//! cache or clears it.
+//! last local edit, the character position where that leaf starts, and a
+//! run of it with the characters before that run, so the next edit in the
+//! same leaf skips the descent and starts its scan of the runs there
+//! (typing on extends that very run; backspacing lands just before it). An
+//! edit before the cached leaf would move its start, so every edit either
+//! refreshes the cache or clears it; a split of the cached leaf resets the
+//! run part.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use super::NONE;
-use super::leaf::{Leaf, MAX_RUNS, Run, char_len, utf16_len};
+use super::leaf::{Leaf, Run, utf16_len};
 
 /// Most children of an internal node (one more is allowed for an instant,
 /// before the node splits).
@@ -75,7 +79,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    fn of(leaf: &Leaf) -> Self {
+    pub(super) fn of(leaf: &Leaf) -> Self {
         Self {
             chars: leaf.chars,
             bytes: leaf.text.len(),
@@ -85,36 +89,36 @@ impl Metrics {
 
     /// `self + add - sub`; the result is never negative because `sub` was
     /// part of `self`.
-    fn adjust(&mut self, add: Self, sub: Self) {
+    pub(super) fn adjust(&mut self, add: Self, sub: Self) {
         self.chars = self.chars + add.chars - sub.chars;
         self.bytes = self.bytes + add.bytes - sub.bytes;
         self.utf16 = self.utf16 + add.utf16 - sub.utf16;
     }
 
-    fn add(&mut self, other: Self) {
+    pub(super) fn add(&mut self, other: Self) {
         self.adjust(other, Self::default());
     }
 }
 
 /// An internal node: children (all leaves or all nodes) and their metrics.
 #[derive(Clone, Debug)]
-struct Node {
+pub(super) struct Node {
     /// Number of children in use.
-    len: usize,
+    pub(super) len: usize,
     /// Arena indices of the children, in document order.
-    children: [u32; FANOUT + 1],
+    pub(super) children: [u32; FANOUT + 1],
     /// `metrics[i]` sums everything below `children[i]`.
-    metrics: [Metrics; FANOUT + 1],
+    pub(super) metrics: [Metrics; FANOUT + 1],
     /// The parent node, or [`NONE`] for the root.
-    parent: u32,
+    pub(super) parent: u32,
     /// This node's index among its parent's children.
-    slot: u8,
+    pub(super) slot: u8,
     /// Whether the children are leaves (else internal nodes).
-    leaves: bool,
+    pub(super) leaves: bool,
 }
 
 impl Node {
-    fn sum(&self, range: std::ops::Range<usize>) -> Metrics {
+    pub(super) fn sum(&self, range: std::ops::Range<usize>) -> Metrics {
         let mut m = Metrics::default();
         for x in &self.metrics[range] {
             m.add(*x);
@@ -141,34 +145,34 @@ pub(crate) struct Pos {
 #[derive(Clone, Debug)]
 pub(crate) struct Tree {
     /// Leaf arena; leaf 0 is always the first leaf in document order.
-    leaves: Vec<Leaf>,
+    pub(super) leaves: Vec<Leaf>,
     /// Internal node arena.
-    nodes: Vec<Node>,
+    pub(super) nodes: Vec<Node>,
     /// The root: a node, or leaf 0 when `nodes` is empty.
-    root: u32,
+    pub(super) root: u32,
     /// First local version of each range of local versions living in one
     /// leaf, mapped to that leaf. A range runs up to the next key.
-    index: BTreeMap<u32, u32>,
+    pub(super) index: BTreeMap<u32, u32>,
     /// The metrics of the whole document.
-    total: Metrics,
+    pub(super) total: Metrics,
     /// Where the last local edit was; cleared by any change that could
     /// move that leaf's start.
-    cursor: Option<Cursor>,
+    pub(super) cursor: Option<Cursor>,
 }
 
 /// The cursor cache (see the module docs): a leaf, where it starts, and a
 /// run of it with the visible characters before that run, so a scan for
 /// the next edit can start there instead of at the leaf's first run.
 #[derive(Clone, Copy, Debug)]
-struct Cursor {
+pub(super) struct Cursor {
     /// The leaf of the last local edit.
-    leaf: u32,
+    pub(super) leaf: u32,
     /// Visible characters before the leaf.
-    start: usize,
+    pub(super) start: usize,
     /// A run index of the leaf (`<= runs.len()`).
-    run: usize,
+    pub(super) run: usize,
     /// Visible characters of the leaf's runs before `run`.
-    run_chars: usize,
+    pub(super) run_chars: usize,
 }
 
 impl Default for Tree {
@@ -380,22 +384,23 @@ impl Tree {
         let mut leaf = first;
         let mut hops = 0;
         while leaf != NONE {
-            let mut chars = 0;
-            for (i, r) in self.leaves[leaf as usize].runs.iter().enumerate() {
-                if r.contains(lv) {
-                    let offset = lv - r.lv;
-                    if !r.deleted() {
-                        chars += offset as usize;
-                    }
-                    let pos = Pos {
-                        leaf,
-                        run: i,
-                        offset,
-                        chars,
-                    };
-                    return Some((pos, hops));
+            let runs = &self.leaves[leaf as usize].runs;
+            // A tight search first (one wrapping compare per run); the
+            // characters before the hit are only summed once it is found.
+            if let Some(i) = runs.iter().position(|r| lv.wrapping_sub(r.lv) < r.len()) {
+                let r = runs[i];
+                let offset = lv - r.lv;
+                let mut chars: usize = runs[..i].iter().map(|r| r.visible() as usize).sum();
+                if !r.deleted() {
+                    chars += offset as usize;
                 }
-                chars += r.visible() as usize;
+                let pos = Pos {
+                    leaf,
+                    run: i,
+                    offset,
+                    chars,
+                };
+                return Some((pos, hops));
             }
             leaf = self.leaves[leaf as usize].next;
             hops += 1;
@@ -557,6 +562,11 @@ impl Tree {
             let l = &self.leaves[leaf as usize];
             let here = len.min(l.chars - from);
             if here > 0 {
+                // The deleted characters are contiguous in the leaf's text:
+                // cut them in one go, then turn their runs into tombstones.
+                let old = Metrics::of(l);
+                self.cut_text(leaf, from, here);
+                let l = &self.leaves[leaf as usize];
                 let (mut i, mut offset) = if first {
                     visible_index_from(&l.runs, from, hint)
                 } else {
@@ -573,7 +583,7 @@ impl Tree {
                     deleted(r.lv + offset, take);
                     // Killed characters stop being visible, so `from`
                     // characters still come before the next one.
-                    let dead = self.kill(leaf, i, offset, take, from);
+                    let dead = self.bury(leaf, i, offset, take);
                     if first {
                         // Backspacing deletes the character before next:
                         // cache the run before the tombstone.
@@ -596,6 +606,7 @@ impl Tree {
                     offset = 0;
                     left -= take as usize;
                 }
+                self.propagate(leaf, old);
                 len -= here;
             }
             let next = self.leaves[leaf as usize].next;
@@ -634,30 +645,45 @@ impl Tree {
     }
 
     /// Turns items `offset .. offset + take` of visible run `i` of `leaf`
-    /// into a tombstone, where `chars` visible characters of the leaf come
-    /// before them. Joins the tombstone with tombstone neighbours whose local
-    /// versions continue it. Returns the tombstone's run index.
-    fn kill(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32, chars: usize) -> usize {
+    /// into a tombstone, text and all, where `chars` visible characters of
+    /// the leaf come before them.
+    fn kill(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32, chars: usize) {
+        let old = Metrics::of(&self.leaves[leaf_id as usize]);
+        self.cut_text(leaf_id, chars, take as usize);
+        self.bury(leaf_id, i, offset, take);
+        self.propagate(leaf_id, old);
+    }
+
+    /// Removes `n` visible characters from `leaf`'s text, starting after
+    /// its first `chars` visible characters; the caller marks their runs
+    /// and propagates the metrics.
+    fn cut_text(&mut self, leaf_id: u32, chars: usize, n: usize) {
         let leaf = &mut self.leaves[leaf_id as usize];
-        let old = Metrics::of(leaf);
         let b0 = leaf.byte_of(chars);
         let b1 = if leaf.text.len() == leaf.chars {
-            b0 + take as usize
+            b0 + n
         } else {
             b0 + leaf.text[b0..]
                 .char_indices()
-                .nth(take as usize)
+                .nth(n)
                 .map_or(leaf.text.len() - b0, |(b, _)| b)
         };
         leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
-        leaf.chars -= take as usize;
+        leaf.chars -= n;
         leaf.text.drain(b0..b1);
         if leaf.text.capacity() > 2 * leaf.text.len() + 256 {
             // Deleting mostly empties leaves of a document that once held
             // far more text: give the memory back.
             leaf.text.shrink_to(leaf.text.len() + 64);
         }
+    }
 
+    /// Marks items `offset .. offset + take` of visible run `i` of `leaf`
+    /// deleted (the text is the caller's), joining the tombstone with
+    /// tombstone neighbours whose local versions continue it. Returns the
+    /// tombstone's run index.
+    fn bury(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32) -> usize {
+        let leaf = &mut self.leaves[leaf_id as usize];
         let r = leaf.runs[i];
         let mut at = i;
         let dead = Run::new(r.lv + offset, take, true);
@@ -684,7 +710,6 @@ impl Tree {
             leaf.runs[at] = here.with_len(here.len() + leaf.runs[at + 1].len());
             leaf.runs.remove(at + 1);
         }
-        self.propagate(leaf_id, old);
         at
     }
 
@@ -772,261 +797,12 @@ impl Tree {
                 .map(width)
                 .sum::<usize>()
     }
-
-    /// Records that the new local versions from `lv` on live in `leaf`.
-    fn index_append(&mut self, lv: u32, leaf: u32) {
-        match self.index.last_key_value() {
-            Some((&k, &l)) if l == leaf && k <= lv => {}
-            _ => {
-                self.index.insert(lv, leaf);
-            }
-        }
-    }
-
-    /// Re-points the local versions `start .. end` (already in the index)
-    /// to `leaf`, keeping ranges that share a leaf joined.
-    fn index_move(&mut self, start: u32, end: u32, leaf: u32) {
-        let tail = self.index.range(..=end).next_back().map(|(_, &l)| l);
-        while let Some((&k, _)) = self.index.range(start..=end).next() {
-            self.index.remove(&k);
-        }
-        if let Some(t) = tail {
-            if t != leaf {
-                self.index.insert(end, t);
-            }
-        }
-        let joins_prev = self.index.range(..start).next_back().map(|(_, &l)| l) == Some(leaf);
-        if !joins_prev {
-            self.index.insert(start, leaf);
-        }
-    }
-
-    /// Pushes a change of `leaf`'s metrics (from `old`) up to the root.
-    fn propagate(&mut self, leaf: u32, old: Metrics) {
-        let new = Metrics::of(&self.leaves[leaf as usize]);
-        if new == old {
-            return;
-        }
-        self.total.adjust(new, old);
-        let l = &self.leaves[leaf as usize];
-        let (mut slot, mut parent) = (l.slot, l.parent);
-        while parent != NONE {
-            let node = &mut self.nodes[parent as usize];
-            node.metrics[slot as usize].adjust(new, old);
-            (slot, parent) = (node.slot, node.parent);
-        }
-    }
-
-    /// Splits `leaf` (and the halves, recursively) while it is overfull.
-    fn split_if_needed(&mut self, leaf: u32) {
-        if !self.leaves[leaf as usize].overfull() {
-            return;
-        }
-        let right = self.split_leaf(leaf);
-        self.split_if_needed(leaf);
-        self.split_if_needed(right);
-    }
-
-    /// Moves the second half of `leaf_id` (by runs, or by bytes for a leaf
-    /// with few, long runs) into a new leaf after it. Returns the new leaf.
-    fn split_leaf(&mut self, leaf_id: u32) -> u32 {
-        if let Some(c) = &mut self.cursor {
-            if c.leaf == leaf_id {
-                // Run indices past the split move to the new leaf.
-                c.run = 0;
-                c.run_chars = 0;
-            }
-        }
-        let new_id = self.leaves.len() as u32;
-        let leaf = &mut self.leaves[leaf_id as usize];
-        let (mid, chars) = split_point(leaf);
-        let byte = leaf.byte_of(chars);
-        let runs: Vec<Run> = leaf.runs.drain(mid..).collect();
-        leaf.runs.shrink_to(MAX_RUNS / 2 + 8);
-        let text = leaf.text.split_off(byte);
-        leaf.text.shrink_to(leaf.text.len() + 64);
-        let right = Leaf {
-            chars: char_len(&text),
-            utf16: utf16_len(&text),
-            runs,
-            text,
-            parent: leaf.parent,
-            slot: 0,
-            prev: leaf_id,
-            next: leaf.next,
-        };
-        leaf.chars -= right.chars;
-        leaf.utf16 -= right.utf16;
-        let next = leaf.next;
-        leaf.next = new_id;
-        if next != NONE {
-            self.leaves[next as usize].prev = new_id;
-        }
-        let (left_m, right_m) = (
-            Metrics::of(&self.leaves[leaf_id as usize]),
-            Metrics::of(&right),
-        );
-        // The moved runs keep their index entries (pointing here); lookups
-        // walk on to the new leaf, and `locate_fresh` re-points them.
-        self.leaves.push(right);
-        let parent = self.leaves[leaf_id as usize].parent;
-        if parent == NONE {
-            self.new_root(leaf_id, new_id, left_m, right_m, true);
-        } else {
-            let slot = self.leaves[leaf_id as usize].slot as usize;
-            self.nodes[parent as usize].metrics[slot] = left_m;
-            self.insert_child(parent, slot + 1, new_id, right_m);
-        }
-        new_id
-    }
-
-    /// Makes a new root above `left` and `right`.
-    fn new_root(&mut self, left: u32, right: u32, lm: Metrics, rm: Metrics, leaves: bool) {
-        let id = self.nodes.len() as u32;
-        let mut node = Node {
-            len: 2,
-            children: [NONE; FANOUT + 1],
-            metrics: [Metrics::default(); FANOUT + 1],
-            parent: NONE,
-            slot: 0,
-            leaves,
-        };
-        node.children[0] = left;
-        node.children[1] = right;
-        node.metrics[0] = lm;
-        node.metrics[1] = rm;
-        self.nodes.push(node);
-        self.set_parent(left, leaves, id, 0);
-        self.set_parent(right, leaves, id, 1);
-        self.root = id;
-    }
-
-    /// Records that `child` is child number `slot` of `parent`.
-    fn set_parent(&mut self, child: u32, is_leaf: bool, parent: u32, slot: usize) {
-        let slot = slot as u8;
-        if is_leaf {
-            let l = &mut self.leaves[child as usize];
-            (l.parent, l.slot) = (parent, slot);
-        } else {
-            let n = &mut self.nodes[child as usize];
-            (n.parent, n.slot) = (parent, slot);
-        }
-    }
-
-    /// Inserts `child` at `slot` of `node`, splitting the node if it
-    /// overflows.
-    fn insert_child(&mut self, node_id: u32, slot: usize, child: u32, m: Metrics) {
-        let node = &mut self.nodes[node_id as usize];
-        let len = node.len;
-        node.children.copy_within(slot..len, slot + 1);
-        node.metrics.copy_within(slot..len, slot + 1);
-        node.children[slot] = child;
-        node.metrics[slot] = m;
-        node.len += 1;
-        let (leaves, len) = (node.leaves, node.len);
-        for k in slot..len {
-            let c = self.nodes[node_id as usize].children[k];
-            self.set_parent(c, leaves, node_id, k);
-        }
-        if self.nodes[node_id as usize].len > FANOUT {
-            self.split_node(node_id);
-        }
-    }
-
-    /// Moves the second half of an overflowing node into a new sibling.
-    fn split_node(&mut self, node_id: u32) {
-        let new_id = self.nodes.len() as u32;
-        let node = &mut self.nodes[node_id as usize];
-        let half = node.len / 2;
-        let mut right = Node {
-            len: node.len - half,
-            children: [NONE; FANOUT + 1],
-            metrics: [Metrics::default(); FANOUT + 1],
-            parent: node.parent,
-            slot: 0,
-            leaves: node.leaves,
-        };
-        right.children[..right.len].copy_from_slice(&node.children[half..node.len]);
-        right.metrics[..right.len].copy_from_slice(&node.metrics[half..node.len]);
-        node.len = half;
-        let (lm, rm) = (node.sum(0..half), right.sum(0..right.len));
-        let (parent, leaves) = (node.parent, node.leaves);
-        let moved: Vec<u32> = right.children[..right.len].to_vec();
-        self.nodes.push(right);
-        for (k, c) in moved.into_iter().enumerate() {
-            self.set_parent(c, leaves, new_id, k);
-        }
-        if parent == NONE {
-            self.new_root(node_id, new_id, lm, rm, false);
-        } else {
-            let slot = self.nodes[node_id as usize].slot as usize;
-            self.nodes[parent as usize].metrics[slot] = lm;
-            self.insert_child(parent, slot + 1, new_id, rm);
-        }
-    }
-
-    /// Checks every invariant of the tree; panics with a description of
-    /// the first broken one. For tests.
-    pub(crate) fn assert_invariants(&self) {
-        let mut total = Metrics::default();
-        let mut prev = NONE;
-        let mut at = 0;
-        let mut seen = 0;
-        while at != NONE {
-            let leaf = &self.leaves[at as usize];
-            assert_eq!(leaf.prev, prev, "leaf chain");
-            let vis: usize = leaf.runs.iter().map(|r| r.visible() as usize).sum();
-            assert_eq!(vis, leaf.chars, "leaf chars");
-            assert_eq!(char_len(&leaf.text), leaf.chars, "leaf text");
-            assert_eq!(utf16_len(&leaf.text), leaf.utf16, "leaf utf16");
-            assert!(leaf.runs.len() <= MAX_RUNS, "leaf runs");
-            assert!(
-                leaf.runs.windows(2).all(|w| !w[0].joins(w[1])),
-                "unjoined runs {:?}",
-                leaf.runs
-            );
-            for r in &leaf.runs {
-                for lv in [r.lv, r.end() - 1] {
-                    let p = self.locate(lv).expect("indexed");
-                    assert_eq!(p.leaf, at, "index of {lv}");
-                    let run = self.leaves[p.leaf as usize].runs[p.run];
-                    assert!(run.contains(lv), "located the wrong run for {lv}");
-                }
-            }
-            total.add(Metrics::of(leaf));
-            prev = at;
-            at = leaf.next;
-            seen += 1;
-        }
-        assert_eq!(seen, self.leaves.len(), "every leaf chained");
-        assert_eq!(total, self.total, "total metrics");
-        for (i, node) in self.nodes.iter().enumerate() {
-            for s in 0..node.len {
-                let c = node.children[s];
-                let (m, parent) = if node.leaves {
-                    let l = &self.leaves[c as usize];
-                    (Metrics::of(l), l.parent)
-                } else {
-                    let n = &self.nodes[c as usize];
-                    (n.sum(0..n.len), n.parent)
-                };
-                let slot = if node.leaves {
-                    self.leaves[c as usize].slot
-                } else {
-                    self.nodes[c as usize].slot
-                };
-                assert_eq!(m, node.metrics[s], "node metrics");
-                assert_eq!(parent as usize, i, "parent pointer");
-                assert_eq!(slot as usize, s, "slot");
-            }
-        }
-    }
 }
 
 /// The run holding visible character `chars` of `runs` (skipping
 /// tombstones) and the offset of that character in it, scanning from the
 /// hint `(run, visible characters before it)` when it is not past `chars`.
-fn visible_index_from(runs: &[Run], chars: usize, hint: (usize, usize)) -> (usize, u32) {
+pub(super) fn visible_index_from(runs: &[Run], chars: usize, hint: (usize, usize)) -> (usize, u32) {
     let (start, mut acc) = if hint.1 <= chars && hint.0 <= runs.len() {
         hint
     } else {
@@ -1040,26 +816,4 @@ fn visible_index_from(runs: &[Run], chars: usize, hint: (usize, usize)) -> (usiz
         acc += v;
     }
     (runs.len(), 0)
-}
-
-/// Where to split an overfull leaf: a run index, after splitting one run in
-/// two if the leaf is over its byte budget with few runs. Returns the index
-/// and the visible characters before it.
-fn split_point(leaf: &mut Leaf) -> (usize, usize) {
-    if leaf.runs.len() > MAX_RUNS {
-        let mid = leaf.runs.len() / 2;
-        let chars = leaf.runs[..mid].iter().map(|r| r.visible() as usize).sum();
-        return (mid, chars);
-    }
-    // Over the byte budget: cut at the character in the middle of the text.
-    let half = leaf.chars / 2;
-    let (i, offset) = visible_index_from(&leaf.runs, half, (0, 0));
-    if offset > 0 {
-        let (l, r) = leaf.runs[i].split(offset);
-        leaf.runs[i] = l;
-        leaf.runs.insert(i + 1, r);
-        (i + 1, half)
-    } else {
-        (i, half)
-    }
 }

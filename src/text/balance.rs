@@ -1,0 +1,283 @@
+//! Keeping the run tree in shape: metrics pushed to the root after an
+//! edit, overfull leaves and nodes split in two (up to a new root), the
+//! local-version index kept pointing at the right leaves, and the full
+//! invariant check the tests run.
+//!
+//! See the module docs of `tree.rs` for the shape these functions keep.
+
+use super::NONE;
+use super::leaf::{Leaf, MAX_RUNS, Run, char_len, utf16_len};
+use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
+
+impl Tree {
+    /// Records that the new local versions from `lv` on live in `leaf`.
+    pub(super) fn index_append(&mut self, lv: u32, leaf: u32) {
+        match self.index.last_key_value() {
+            Some((&k, &l)) if l == leaf && k <= lv => {}
+            _ => {
+                self.index.insert(lv, leaf);
+            }
+        }
+    }
+
+    /// Re-points the local versions `start .. end` (already in the index)
+    /// to `leaf`, keeping ranges that share a leaf joined.
+    pub(super) fn index_move(&mut self, start: u32, end: u32, leaf: u32) {
+        let tail = self.index.range(..=end).next_back().map(|(_, &l)| l);
+        while let Some((&k, _)) = self.index.range(start..=end).next() {
+            self.index.remove(&k);
+        }
+        if let Some(t) = tail {
+            if t != leaf {
+                self.index.insert(end, t);
+            }
+        }
+        let joins_prev = self.index.range(..start).next_back().map(|(_, &l)| l) == Some(leaf);
+        if !joins_prev {
+            self.index.insert(start, leaf);
+        }
+    }
+
+    /// Pushes a change of `leaf`'s metrics (from `old`) up to the root.
+    pub(super) fn propagate(&mut self, leaf: u32, old: Metrics) {
+        let new = Metrics::of(&self.leaves[leaf as usize]);
+        if new == old {
+            return;
+        }
+        self.total.adjust(new, old);
+        let l = &self.leaves[leaf as usize];
+        let (mut slot, mut parent) = (l.slot, l.parent);
+        while parent != NONE {
+            let node = &mut self.nodes[parent as usize];
+            node.metrics[slot as usize].adjust(new, old);
+            (slot, parent) = (node.slot, node.parent);
+        }
+    }
+
+    /// Splits `leaf` (and the halves, recursively) while it is overfull.
+    pub(super) fn split_if_needed(&mut self, leaf: u32) {
+        if !self.leaves[leaf as usize].overfull() {
+            return;
+        }
+        let right = self.split_leaf(leaf);
+        self.split_if_needed(leaf);
+        self.split_if_needed(right);
+    }
+
+    /// Moves the second half of `leaf_id` (by runs, or by bytes for a leaf
+    /// with few, long runs) into a new leaf after it. Returns the new leaf.
+    fn split_leaf(&mut self, leaf_id: u32) -> u32 {
+        if let Some(c) = &mut self.cursor {
+            if c.leaf == leaf_id {
+                // Run indices past the split move to the new leaf.
+                c.run = 0;
+                c.run_chars = 0;
+            }
+        }
+        let new_id = self.leaves.len() as u32;
+        let leaf = &mut self.leaves[leaf_id as usize];
+        let (mid, chars) = split_point(leaf);
+        let byte = leaf.byte_of(chars);
+        let runs: Vec<Run> = leaf.runs.drain(mid..).collect();
+        leaf.runs.shrink_to(MAX_RUNS / 2 + 8);
+        let text = leaf.text.split_off(byte);
+        leaf.text.shrink_to(leaf.text.len() + 64);
+        let right = Leaf {
+            chars: char_len(&text),
+            utf16: utf16_len(&text),
+            runs,
+            text,
+            parent: leaf.parent,
+            slot: 0,
+            prev: leaf_id,
+            next: leaf.next,
+        };
+        leaf.chars -= right.chars;
+        leaf.utf16 -= right.utf16;
+        let next = leaf.next;
+        leaf.next = new_id;
+        if next != NONE {
+            self.leaves[next as usize].prev = new_id;
+        }
+        let (left_m, right_m) = (
+            Metrics::of(&self.leaves[leaf_id as usize]),
+            Metrics::of(&right),
+        );
+        // The moved runs keep their index entries (pointing here); lookups
+        // walk on to the new leaf, and `locate_fresh` re-points them.
+        self.leaves.push(right);
+        let parent = self.leaves[leaf_id as usize].parent;
+        if parent == NONE {
+            self.new_root(leaf_id, new_id, left_m, right_m, true);
+        } else {
+            let slot = self.leaves[leaf_id as usize].slot as usize;
+            self.nodes[parent as usize].metrics[slot] = left_m;
+            self.insert_child(parent, slot + 1, new_id, right_m);
+        }
+        new_id
+    }
+
+    /// Makes a new root above `left` and `right`.
+    fn new_root(&mut self, left: u32, right: u32, lm: Metrics, rm: Metrics, leaves: bool) {
+        let id = self.nodes.len() as u32;
+        let mut node = Node {
+            len: 2,
+            children: [NONE; FANOUT + 1],
+            metrics: [Metrics::default(); FANOUT + 1],
+            parent: NONE,
+            slot: 0,
+            leaves,
+        };
+        node.children[0] = left;
+        node.children[1] = right;
+        node.metrics[0] = lm;
+        node.metrics[1] = rm;
+        self.nodes.push(node);
+        self.set_parent(left, leaves, id, 0);
+        self.set_parent(right, leaves, id, 1);
+        self.root = id;
+    }
+
+    /// Records that `child` is child number `slot` of `parent`.
+    fn set_parent(&mut self, child: u32, is_leaf: bool, parent: u32, slot: usize) {
+        let slot = slot as u8;
+        if is_leaf {
+            let l = &mut self.leaves[child as usize];
+            (l.parent, l.slot) = (parent, slot);
+        } else {
+            let n = &mut self.nodes[child as usize];
+            (n.parent, n.slot) = (parent, slot);
+        }
+    }
+
+    /// Inserts `child` at `slot` of `node`, splitting the node if it
+    /// overflows.
+    fn insert_child(&mut self, node_id: u32, slot: usize, child: u32, m: Metrics) {
+        let node = &mut self.nodes[node_id as usize];
+        let len = node.len;
+        node.children.copy_within(slot..len, slot + 1);
+        node.metrics.copy_within(slot..len, slot + 1);
+        node.children[slot] = child;
+        node.metrics[slot] = m;
+        node.len += 1;
+        let (leaves, len) = (node.leaves, node.len);
+        for k in slot..len {
+            let c = self.nodes[node_id as usize].children[k];
+            self.set_parent(c, leaves, node_id, k);
+        }
+        if self.nodes[node_id as usize].len > FANOUT {
+            self.split_node(node_id);
+        }
+    }
+
+    /// Moves the second half of an overflowing node into a new sibling.
+    fn split_node(&mut self, node_id: u32) {
+        let new_id = self.nodes.len() as u32;
+        let node = &mut self.nodes[node_id as usize];
+        let half = node.len / 2;
+        let mut right = Node {
+            len: node.len - half,
+            children: [NONE; FANOUT + 1],
+            metrics: [Metrics::default(); FANOUT + 1],
+            parent: node.parent,
+            slot: 0,
+            leaves: node.leaves,
+        };
+        right.children[..right.len].copy_from_slice(&node.children[half..node.len]);
+        right.metrics[..right.len].copy_from_slice(&node.metrics[half..node.len]);
+        node.len = half;
+        let (lm, rm) = (node.sum(0..half), right.sum(0..right.len));
+        let (parent, leaves) = (node.parent, node.leaves);
+        let moved: Vec<u32> = right.children[..right.len].to_vec();
+        self.nodes.push(right);
+        for (k, c) in moved.into_iter().enumerate() {
+            self.set_parent(c, leaves, new_id, k);
+        }
+        if parent == NONE {
+            self.new_root(node_id, new_id, lm, rm, false);
+        } else {
+            let slot = self.nodes[node_id as usize].slot as usize;
+            self.nodes[parent as usize].metrics[slot] = lm;
+            self.insert_child(parent, slot + 1, new_id, rm);
+        }
+    }
+
+    /// Checks every invariant of the tree; panics with a description of
+    /// the first broken one. For tests.
+    pub(crate) fn assert_invariants(&self) {
+        let mut total = Metrics::default();
+        let mut prev = NONE;
+        let mut at = 0;
+        let mut seen = 0;
+        while at != NONE {
+            let leaf = &self.leaves[at as usize];
+            assert_eq!(leaf.prev, prev, "leaf chain");
+            let vis: usize = leaf.runs.iter().map(|r| r.visible() as usize).sum();
+            assert_eq!(vis, leaf.chars, "leaf chars");
+            assert_eq!(char_len(&leaf.text), leaf.chars, "leaf text");
+            assert_eq!(utf16_len(&leaf.text), leaf.utf16, "leaf utf16");
+            assert!(leaf.runs.len() <= MAX_RUNS, "leaf runs");
+            assert!(
+                leaf.runs.windows(2).all(|w| !w[0].joins(w[1])),
+                "unjoined runs {:?}",
+                leaf.runs
+            );
+            for r in &leaf.runs {
+                for lv in [r.lv, r.end() - 1] {
+                    let p = self.locate(lv).expect("indexed");
+                    assert_eq!(p.leaf, at, "index of {lv}");
+                    let run = self.leaves[p.leaf as usize].runs[p.run];
+                    assert!(run.contains(lv), "located the wrong run for {lv}");
+                }
+            }
+            total.add(Metrics::of(leaf));
+            prev = at;
+            at = leaf.next;
+            seen += 1;
+        }
+        assert_eq!(seen, self.leaves.len(), "every leaf chained");
+        assert_eq!(total, self.total, "total metrics");
+        for (i, node) in self.nodes.iter().enumerate() {
+            for s in 0..node.len {
+                let c = node.children[s];
+                let (m, parent) = if node.leaves {
+                    let l = &self.leaves[c as usize];
+                    (Metrics::of(l), l.parent)
+                } else {
+                    let n = &self.nodes[c as usize];
+                    (n.sum(0..n.len), n.parent)
+                };
+                let slot = if node.leaves {
+                    self.leaves[c as usize].slot
+                } else {
+                    self.nodes[c as usize].slot
+                };
+                assert_eq!(m, node.metrics[s], "node metrics");
+                assert_eq!(parent as usize, i, "parent pointer");
+                assert_eq!(slot as usize, s, "slot");
+            }
+        }
+    }
+}
+
+/// Where to split an overfull leaf: a run index, after splitting one run in
+/// two if the leaf is over its byte budget with few runs. Returns the index
+/// and the visible characters before it.
+fn split_point(leaf: &mut Leaf) -> (usize, usize) {
+    if leaf.runs.len() > MAX_RUNS {
+        let mid = leaf.runs.len() / 2;
+        let chars = leaf.runs[..mid].iter().map(|r| r.visible() as usize).sum();
+        return (mid, chars);
+    }
+    // Over the byte budget: cut at the character in the middle of the text.
+    let half = leaf.chars / 2;
+    let (i, offset) = visible_index_from(&leaf.runs, half, (0, 0));
+    if offset > 0 {
+        let (l, r) = leaf.runs[i].split(offset);
+        leaf.runs[i] = l;
+        leaf.runs.insert(i + 1, r);
+        (i + 1, half)
+    } else {
+        (i, half)
+    }
+}
