@@ -15,8 +15,7 @@ use proptest::prelude::*;
 const TTL: Duration = Duration::from_secs(10);
 
 fn store_and_clock() -> (MemoryStore, ManualClock) {
-    let clock = ManualClock::new();
-    let store = MemoryStore::with_options(MemoryStoreOptions::default().with_clock(clock.clone()));
+    let (clock, store, _) = crate::common::world::world(TTL);
     (store, clock)
 }
 
@@ -24,12 +23,7 @@ fn options(clock: &ManualClock) -> LeaseOptions {
     LeaseOptions::new(TTL).with_clock(Arc::new(clock.clone()))
 }
 
-/// Lets spawned tasks (keepers, waiters) run until they block.
-async fn settle() {
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-}
+use crate::common::world::settle;
 
 /// The seed scenario: A gets a token and pauses, its lease expires, B gets
 /// a higher token and writes; A wakes, writes with its old token, and the

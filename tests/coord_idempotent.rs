@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use calm::coord::{CoordError, FencingToken, Idempotent, LeaseOptions, MAX_TTL, StoreFence};
-use calm::store::{
-    Clock, ManualClock, MemoryStore, MemoryStoreOptions, PutOptions, Store, StoreError,
-};
+use calm::store::{Clock, ManualClock, MemoryStore, PutOptions, Store, StoreError};
 use calm::testing::faults::InstrumentedStore;
 use proptest::prelude::*;
 use tokio::sync::oneshot;
@@ -18,19 +16,9 @@ use tokio::sync::oneshot;
 /// The claims' time to live in the manual-clock tests.
 const TTL: Duration = Duration::from_secs(4);
 
-/// A store judged by a manual clock, and lease options on the same clock.
+/// A store and lease options of [`TTL`] on one manual clock.
 fn world() -> (ManualClock, MemoryStore, LeaseOptions) {
-    let clock = ManualClock::new();
-    let store = MemoryStore::with_options(MemoryStoreOptions::default().with_clock(clock.clone()));
-    let opts = LeaseOptions::new(TTL).with_clock(Arc::new(clock.clone()));
-    (clock, store, opts)
-}
-
-/// Lets every ready task on a current-thread runtime run until it blocks.
-async fn settle() {
-    for _ in 0..32 {
-        tokio::task::yield_now().await;
-    }
+    crate::common::world::world(TTL)
 }
 
 /// A repeat gets the recorded outcome and token without running the
@@ -220,9 +208,9 @@ async fn crashed_runner_is_taken_over_and_fenced() {
     let a_token = (&mut run_a.started).await.expect("A's operation started");
     a.pause(); // A freezes inside its operation, before its write
     run_a.release();
-    settle().await;
+    crate::common::world::settle().await;
     clock.advance(TTL + Duration::from_secs(1));
-    settle().await;
+    crate::common::world::settle().await;
     assert!(
         store.get(b"pay/p-1").await.expect("get").is_none(),
         "claim expired"
@@ -278,9 +266,9 @@ async fn runner_taken_over_cannot_record_after_the_taker_expired() {
     let a_token = (&mut run_a.started).await.expect("A started");
     a.pause(); // before A's write
     run_a.release();
-    settle().await;
+    crate::common::world::settle().await;
     clock.advance(TTL + Duration::from_secs(1));
-    settle().await;
+    crate::common::world::settle().await;
 
     let b = InstrumentedStore::new(store.clone());
     let mut run_b = spawn_runner(&b, &opts, "p-2", 2);
@@ -290,9 +278,9 @@ async fn runner_taken_over_cannot_record_after_the_taker_expired() {
     assert!(run_b.admitted());
     b.pause(); // after B's write, before B records
     run_b.finish();
-    settle().await;
+    crate::common::world::settle().await;
     clock.advance(TTL + Duration::from_secs(1));
-    settle().await;
+    crate::common::world::settle().await;
     assert!(
         store.get(b"pay/p-2").await.expect("get").is_none(),
         "B's claim expired"
@@ -518,7 +506,7 @@ impl Sim {
                 }
             }
         }
-        settle().await;
+        crate::common::world::settle().await;
     }
 
     /// Resumes everyone, lets time pass until every call ended, makes one
@@ -536,7 +524,7 @@ impl Sim {
                 break;
             }
             self.clock.advance(TICK);
-            settle().await;
+            crate::common::world::settle().await;
         }
         let mut outcomes: Vec<Vec<Outcome>> = (0..KEYS).map(|_| Vec::new()).collect();
         for (key, _, task) in self.calls {

@@ -3,29 +3,18 @@
 //! is fenced by the newer view's token.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use calm::coord::{CoordError, Lease, LeaseOptions, Ownership, StoreFence, View};
-use calm::store::{ManualClock, MemoryStore, MemoryStoreOptions, Store, StoreError};
+use calm::store::{ManualClock, MemoryStore, Store, StoreError};
 use calm::testing::faults::InstrumentedStore;
 
 /// Members' lease TTL in the manual-clock tests.
 const TTL: Duration = Duration::from_secs(9);
 
-/// A store judged by a manual clock, and lease options on the same clock.
+/// A store and lease options of [`TTL`] on one manual clock.
 fn world() -> (ManualClock, MemoryStore, LeaseOptions) {
-    let clock = ManualClock::new();
-    let store = MemoryStore::with_options(MemoryStoreOptions::default().with_clock(clock.clone()));
-    let opts = LeaseOptions::new(TTL).with_clock(Arc::new(clock.clone()));
-    (clock, store, opts)
-}
-
-/// Lets every ready task on a current-thread runtime run until it blocks.
-async fn settle() {
-    for _ in 0..32 {
-        tokio::task::yield_now().await;
-    }
+    crate::common::world::world(TTL)
 }
 
 /// Moves time past `TTL` in quarter-TTL steps, letting live leases renew
@@ -33,7 +22,7 @@ async fn settle() {
 async fn outlive_ttl(clock: &ManualClock) {
     for _ in 0..5 {
         clock.advance(TTL / 4);
-        settle().await;
+        crate::common::world::settle().await;
     }
 }
 
@@ -193,7 +182,7 @@ async fn membership_follows_leases() {
         let (group, view) = (group.clone(), view.clone());
         async move { group.next_view(&view).await }
     });
-    settle().await;
+    crate::common::world::settle().await;
     assert!(!next.is_finished(), "nothing changed yet");
     c_store.pause(); // c stops renewing
     outlive_ttl(&clock).await;
@@ -313,7 +302,7 @@ async fn bad_input_is_refused_with_typed_errors_and_no_write() {
     let err = group.join("late", &lease).await.expect_err("lease gone");
     assert!(matches!(err, CoordError::LeaseLost { .. }), "{err}");
     // The same lease once its keeper has said so.
-    settle().await;
+    crate::common::world::settle().await;
     assert!(!lease.is_alive());
     let err = group.join("late", &lease).await.expect_err("lease lost");
     assert!(matches!(err, CoordError::LeaseLost { .. }), "{err}");

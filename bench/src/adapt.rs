@@ -9,18 +9,7 @@ use calm::store::{MemoryStore, StoreExt};
 use calm::{Merge, OrSet};
 
 use crate::crdt::{Orswot, calm_set, peer_set, replay, workload};
-use crate::harness::{Row, Side, compare, time_row};
-
-/// Polls a future that never waits (`MemoryStore` calls) to completion.
-fn now<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
+use crate::harness::{Row, Side, compare, now, time_row};
 
 /// A document with `n` keys written by `actor`, forked from `base`.
 fn edited(base: &AutoCommit, actor: u64, n: usize) -> AutoCommit {

@@ -10,7 +10,7 @@ use calm::occ::Version;
 use calm::store::{Expect, MemoryStore, PutOptions, Store, WriteOutcome};
 use calm::testing::faults::InstrumentedStore;
 
-use crate::harness::{Row, Side, compare, time_row};
+use crate::harness::{Row, Side, compare, now, on_threads, time_row};
 use crate::rng::Rng;
 
 /// The leases' time to live in the failover runs: short, so the runs are
@@ -18,35 +18,6 @@ use crate::rng::Rng;
 const TTL: Duration = Duration::from_millis(200);
 /// Failovers measured.
 const FAILOVERS: usize = 9;
-
-/// Polls a future that completes at once (every `MemoryStore` call but a
-/// watch, and `StoreFence::put` over one) without an executor, so the
-/// store is measured, not a runtime.
-fn now<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => unreachable!("MemoryStore calls complete at their first poll"),
-    }
-}
-
-/// Runs `n` operations split over `threads` threads; returns the elapsed
-/// time.
-fn on_threads(threads: usize, n: usize, op: impl Fn() + Sync) -> Duration {
-    let per = n.div_ceil(threads);
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                for _ in 0..per {
-                    op();
-                }
-            });
-        }
-    });
-    start.elapsed()
-}
 
 /// One failover, timed.
 #[derive(Debug, Clone, Copy)]

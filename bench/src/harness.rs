@@ -204,3 +204,35 @@ pub fn format_ratio(r: f64) -> String {
         format!("{r:.1e}")
     }
 }
+
+/// Polls a future that completes at once (every `MemoryStore` call but a
+/// watch) without an executor, so the store is measured, not a runtime.
+///
+/// # Panics
+///
+/// If the future is not ready at its first poll.
+pub fn now<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("expected a future that completes at its first poll"),
+    }
+}
+
+/// Runs `n` operations split over `threads` threads; returns the elapsed
+/// time.
+pub fn on_threads(threads: usize, n: usize, op: impl Fn() + Sync) -> Duration {
+    let per = n.div_ceil(threads);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..per {
+                    op();
+                }
+            });
+        }
+    });
+    start.elapsed()
+}

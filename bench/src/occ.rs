@@ -13,40 +13,12 @@ use calm::occ::{Version, VersionedCell};
 use calm::store::{Expect, MemoryStore, PutOptions, Store, WriteOutcome};
 use dashmap::DashMap;
 
-use crate::harness::{Figure, Row, Side, compare, measure, time_row};
+use crate::harness::{Figure, Row, Side, compare, measure, now, on_threads, time_row};
 
 const KEYS: usize = 1_000;
 
 /// A versioned value in the lock-based peers.
 type Slot = (u64, Vec<u8>);
-
-/// Polls a future that completes at once (every `MemoryStore` call but a
-/// watch) without an executor, so the store is measured, not a runtime.
-fn now<F: std::future::Future>(f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => unreachable!("MemoryStore calls complete at their first poll"),
-    }
-}
-
-/// Runs `n` operations split over `threads` threads; returns the elapsed
-/// time.
-fn on_threads(threads: usize, n: usize, op: impl Fn() + Sync) -> Duration {
-    let per = n.div_ceil(threads);
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                for _ in 0..per {
-                    op();
-                }
-            });
-        }
-    });
-    start.elapsed()
-}
 
 /// Runs `n` reads on this thread while, if `writer` is set, another thread
 /// writes as fast as it can; returns the time of the reads.

@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::harness::{Figure, Row, format_ratio, markdown};
+use crate::harness::{Row, format_ratio, markdown};
+
+/// A point of the contention curve: threads, then ns per update for the
+/// cell, std's mutex and parking_lot's.
+type CurvePoint = (usize, f64, f64, f64);
 
 /// One suite's title, command and rows.
 struct Section {
@@ -252,16 +256,17 @@ fn contention_plot(
         .x_desc("threads")
         .y_desc("ns per update")
         .draw()?;
-    let series: [(&str, fn(&(usize, f64, f64, f64)) -> f64); 3] = [
-        ("calm VersionedCell::update", |c| c.1),
-        ("std Mutex", |c| c.2),
-        ("parking_lot Mutex", |c| c.3),
+    let names = [
+        "calm VersionedCell::update",
+        "std Mutex",
+        "parking_lot Mutex",
     ];
-    for (i, (name, f)) in series.into_iter().enumerate() {
+    for (i, name) in names.into_iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
+        let pick = move |c: &CurvePoint| [c.1, c.2, c.3][i];
         chart
             .draw_series(LineSeries::new(
-                curve.iter().map(|c| (c.0 as f64, f(c))),
+                curve.iter().map(|c| (c.0 as f64, pick(c))),
                 color.stroke_width(2),
             ))?
             .label(name)
@@ -338,6 +343,5 @@ fn ratio_plot(rows: &[Row], title: &str, path: &Path) -> Result<(), Box<dyn std:
         )
     }))?;
     root.present()?;
-    let _ = Figure::Factor(0.0);
     Ok(())
 }
