@@ -72,3 +72,15 @@ fn encodings_are_compact() {
     let len = codec::to_bytes(&map).len();
     assert!(len < 100 * 12, "{len} bytes");
 }
+
+/// Fuzz regression (decode_text, crash-cff0bfe): a hidden-stretch offset
+/// that overflowed while decoding a text document is an error, not a
+/// panic.
+#[test]
+fn fuzz_text_hidden_offset_overflow() {
+    let bytes = [
+        1, 13, 0, 3, 239, 2, 255, 1, 0, 1, 4, 1, 12, 1, 1, 12, 255, 1, 255, 1, 0, 32, 126, 88, 32,
+        254, 51, 128, 255, 255, 255, 255, 255, 255, 255, 255, 1, 1, 11, 59, 128, 55, 128, 0,
+    ];
+    assert!(codec::from_bytes::<calm::text::Text>(&bytes).is_err());
+}

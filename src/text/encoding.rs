@@ -170,7 +170,9 @@ fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp,
             let mut hidden = Vec::with_capacity(n);
             let mut prev = 0u64;
             for _ in 0..n {
-                let o = prev + dec.varint()?;
+                let Some(o) = prev.checked_add(dec.varint()?) else {
+                    return Err(dec.invalid("hidden stretch too long"));
+                };
                 let l = dec.varint()?;
                 let (Ok(o32), Ok(l32)) = (u32::try_from(o), u32::try_from(l)) else {
                     return Err(dec.invalid("hidden stretch too long"));
