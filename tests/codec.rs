@@ -84,3 +84,14 @@ fn fuzz_text_hidden_offset_overflow() {
     ];
     assert!(codec::from_bytes::<calm::text::Text>(&bytes).is_err());
 }
+
+/// Fuzz regression (decode_text, crash-1bbdd62): a delete target whose
+/// counter plus length overflows is refused while decoding.
+#[test]
+fn fuzz_text_delete_target_overflow() {
+    let bytes = [
+        1, 12, 1, 255, 255, 255, 255, 255, 255, 255, 255, 255, 1, 1, 1, 1, 36, 168, 2, 2, 2, 2, 2,
+        33, 255, 255, 255, 255, 255, 255, 254, 255, 255, 255,
+    ];
+    assert!(codec::from_bytes::<calm::text::TextOp>(&bytes).is_err());
+}

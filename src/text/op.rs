@@ -384,9 +384,12 @@ impl TextOp {
                     if t.len == 0 || (t.reversed && t.len == 1) {
                         return Err("empty or mislabelled delete target");
                     }
-                    if t.start.replica() == self.replica()
-                        && t.start.counter() + u64::from(t.len) > self.id.counter()
-                    {
+                    // Every later computation on a target (its end, its
+                    // first event, joining) relies on this sum fitting.
+                    let Some(end) = t.start.counter().checked_add(u64::from(t.len)) else {
+                        return Err("delete target past the last counter");
+                    };
+                    if t.start.replica() == self.replica() && end > self.id.counter() {
                         return Err("delete target is not an earlier event");
                     }
                     sum += u64::from(t.len);
