@@ -63,12 +63,32 @@
 //! - [`text`]: [`Text`], collaborative plain text that never interleaves
 //!   concurrent typing, with UTF-8 and UTF-16 position conversions.
 //! - [`codec`]: the compact, checked binary encoding of every state.
+//! - [`occ`]: [`Version`](occ::Version), [`Versioned`](occ::Versioned),
+//!   [`VersionedCell`](occ::VersionedCell) (lock-free reads,
+//!   compare-and-set), [`RetryPolicy`](occ::RetryPolicy).
+//! - [`store`]: the [`Store`](store::Store) model (etcd's: revisions,
+//!   compare-and-set, transactions, leases, watches),
+//!   [`MemoryStore`](store::MemoryStore), and
+//!   [`merge_into`](store::StoreExt::merge_into) for any [`Merge`] value.
+//! - [`coord`]: [`Fence`](coord::Fence), [`Lease`](coord::Lease),
+//!   [`Election`](coord::Election), [`Lock`](coord::Lock),
+//!   [`Idempotent`](coord::Idempotent), [`Ownership`](coord::Ownership),
+//!   written once over any store.
+//! - `backend` (features `postgres`, `etcd`): the store model on
+//!   PostgreSQL and etcd.
+//! - `adapt` (features `crdts`, `automerge`): [`Merge`] for the `crdts`
+//!   crate's types and automerge documents.
 //! - `testing` (feature `testing`): the law harness that checks any
-//!   [`Merge`] type, yours included.
+//!   [`Merge`] type, yours included; the store conformance suite; fault
+//!   injection; real test servers.
 //!
 //! ## Feature flags
 //!
-//! - `testing`: the public property-test harness (pulls in `proptest`).
+//! - `testing`: the public harnesses (pulls in `proptest`).
+//! - `postgres`: the PostgreSQL backend (`tokio-postgres`, `deadpool-postgres`).
+//! - `etcd`: the etcd backend (`etcd-client`; building it needs `protoc`).
+//! - `crdts`: adapters for the `crdts` crate.
+//! - `automerge`: adapters for automerge documents.
 #![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 #![deny(unsafe_code)]
