@@ -2,8 +2,9 @@
 //!
 //! `crdts` merges by value (`CvRDT::merge(&mut self, other: Self)`); the
 //! adapter clones `other` and calls it, so a `crdts` value works wherever
-//! calm expects a [`Merge`]: the law harness, [`StoreExt::merge_into`]
-//! (crate::store::StoreExt::merge_into) on every backend, your own code.
+//! calm expects a [`Merge`]: the law harness,
+//! [`StoreExt::merge_into`](crate::store::StoreExt::merge_into) on every
+//! backend, your own code.
 //!
 //! | `crdts` type | laws (calm's harness) |
 //! | --- | --- |
