@@ -294,6 +294,8 @@ pub(crate) async fn txns_survive_a_server_kill<S: Store + Clone + 'static>(
         if i == N / 3 {
             if let Some(k) = kill.take() {
                 k();
+                // Let the kill land before the next request.
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
         if errors.len() == 3 {

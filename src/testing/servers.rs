@@ -150,9 +150,14 @@ impl ServerProcess {
         Ok(())
     }
 
-    /// Kills the process (SIGKILL) and reaps it.
+    /// Kills the process and everything it started (SIGKILL to its process
+    /// group, as a crash of the server's machine would), and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(format!("-{}", c.id()))
+                .status();
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -421,7 +426,9 @@ impl EtcdServer {
         };
         let client = format!("http://127.0.0.1:{}", self.ports.0);
         let peer = format!("http://127.0.0.1:{}", self.ports.1);
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--name", "calm"])
