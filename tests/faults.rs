@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use calm::coord::{CoordError, Election, Idempotent, Lease, Lock, Ownership, StoreFence};
 use calm::store::{Store, StoreError, Txn, TxnOp};
 use calm::testing::faults::InstrumentedStore;
+use calm::testing::servers::{Signal, send_signal};
 
 /// The recipes, end to end, on any store (with real time).
 pub(crate) async fn recipes<S: Store + Clone + 'static>(store: S, prefix: &str, ttl: Duration) {
@@ -229,14 +230,8 @@ pub(crate) async fn sigstop_leader_is_fenced<S: Store + Clone + 'static>(
     let child_token: u64 = leader_line["LEADER ".len()..].trim().parse().unwrap();
     wait_for("WROTE ", Duration::from_secs(30));
 
-    let signal = |sig: &str| {
-        Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(pid.to_string())
-            .status()
-            .unwrap();
-    };
-    signal("STOP");
+    let signal = |sig: Signal| send_signal(pid, sig).expect("signal the child");
+    signal(Signal::Stop);
     // Past the TTL (plus the server's reaping delay), the child's key is gone.
     tokio::time::sleep(ttl * 2 + Duration::from_millis(500)).await;
 
@@ -255,7 +250,7 @@ pub(crate) async fn sigstop_leader_is_fenced<S: Store + Clone + 'static>(
     let data = format!("{prefix}data").into_bytes();
     fence.put(term.token(), &data, b"parent").await.unwrap();
 
-    signal("CONT");
+    signal(Signal::Cont);
     let fenced = wait_for("FENCED ", Duration::from_secs(30));
     let highest: u64 = fenced["FENCED ".len()..].trim().parse().unwrap();
     assert_eq!(highest, term.token().get());

@@ -10,8 +10,8 @@
 //! when `CALM_REQUIRE_SERVERS=1` (as CI sets).
 //!
 //! A server is a child process, so fault tests can pause it
-//! ([`ServerProcess::stop_signal`]), kill it and restart it on the same
-//! data and port.
+//! ([`ServerProcess::signal`]), kill it and restart it on the same data and
+//! port.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -138,30 +138,86 @@ impl ServerProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Sends a signal by name (`"STOP"`, `"CONT"`, `"KILL"`, `"TERM"`) with
-    /// the `kill` command.
-    pub fn stop_signal(&self, signal: &str) -> std::io::Result<()> {
-        if let Some(pid) = self.pid() {
-            Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(pid.to_string())
-                .status()?;
+    /// Sends `signal` to the server process.
+    ///
+    /// # Errors
+    ///
+    /// The error of the `kill(2)` call.
+    pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
+        match self.pid() {
+            Some(pid) => send_signal(pid, signal),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// Kills the process and everything it started (SIGKILL to its process
-    /// group, as a crash of the server's machine would), and reaps it.
+    /// Kills the process and the processes it started (SIGKILL, as a crash
+    /// of the server's machine would), and reaps it. PostgreSQL's backends
+    /// put themselves in sessions of their own, so they are found by parent
+    /// pid, before the postmaster dies and they are re-parented.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(format!("-{}", c.id()))
-                .status();
+            let children = children_of(c.id());
             let _ = c.kill();
+            for pid in children {
+                let _ = send_signal(pid, Signal::Kill);
+            }
             let _ = c.wait();
         }
     }
+}
+
+/// A signal a fault test sends to a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Signal {
+    /// SIGSTOP: freeze the process, as a long GC pause or a descheduled VM.
+    Stop,
+    /// SIGCONT: let a frozen process run again.
+    Cont,
+    /// SIGKILL: end the process at once.
+    Kill,
+}
+
+/// Sends `signal` to the single process `pid` (never a process group: a
+/// pid that does not fit a positive `pid_t` is refused).
+///
+/// # Errors
+///
+/// `InvalidInput` for such a pid, else the error of the `kill(2)` call.
+pub fn send_signal(pid: u32, signal: Signal) -> std::io::Result<()> {
+    use rustix::process::{Pid, Signal as Sig, kill_process};
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "bad pid"))?;
+    let sig = match signal {
+        Signal::Stop => Sig::STOP,
+        Signal::Cont => Sig::CONT,
+        Signal::Kill => Sig::KILL,
+    };
+    kill_process(pid, sig).map_err(std::io::Error::from)
+}
+
+/// The pids whose parent is `parent`, from `/proc` (empty where there is
+/// no `/proc`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // The fourth field of /proc/<pid>/stat, after the parenthesised
+            // command name (which may itself hold spaces), is the ppid.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
 
 impl Drop for ServerProcess {
@@ -426,9 +482,7 @@ impl EtcdServer {
         };
         let client = format!("http://127.0.0.1:{}", self.ports.0);
         let peer = format!("http://127.0.0.1:{}", self.ports.1);
-        let mut cmd = Command::new(bin);
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let child = cmd
+        let child = Command::new(bin)
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--name", "calm"])
