@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::harness::{Row, format_ratio, markdown};
 
@@ -136,9 +137,18 @@ pub fn run() -> Vec<Row> {
                 let _ = writeln!(md);
             }
         }
+        let (bars, summary) = if s.suite == "text" {
+            let (bars, table) = text_summary(&s.rows);
+            (bars, Some(table))
+        } else {
+            (row_bars(&s.rows), None)
+        };
         let file = format!("ratios-{}.svg", s.suite);
-        if ratio_plot(&s.rows, s.title, &plots.join(&file)).is_ok() {
+        if ratio_plot(&bars, s.title, &plots.join(&file)).is_ok() {
             let _ = writeln!(md, "![calm / peer ratios](bench/plots/{file})\n");
+        }
+        if let Some(table) = summary {
+            let _ = writeln!(md, "{table}");
         }
         md.push_str(&markdown(&s.rows));
         md.push('\n');
@@ -182,8 +192,10 @@ fn text_plot(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>
         * 1e3;
     let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE)?;
+    // The legend gets its own column so it never hides a bar.
+    let (plot, legend) = root.split_horizontally(920);
     let n = traces.len().max(1);
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(&plot)
         .caption(
             "local replay of each editing trace (ms, log scale)",
             ("sans-serif", 20),
@@ -194,39 +206,35 @@ fn text_plot(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>
         .build_cartesian_2d(0f64..n as f64, (min / 2.0..max * 2.0).log_scale())?;
     chart
         .configure_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| {
-            traces
-                .get(x.floor() as usize)
-                .map_or(String::new(), |t| (*t).to_owned())
-        })
+        .disable_x_mesh()
+        .x_labels(0)
         .y_desc("ms")
         .draw()?;
+    // One label under each group of bars (the mesh would pick round x
+    // values and skip some).
+    let centred = ("sans-serif", 13)
+        .into_font()
+        .into_text_style(&plot)
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    for (ti, t) in traces.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(ti as f64 + 0.5, min / 2.0));
+        plot.draw(&Text::new((*t).to_owned(), (x, y + 8), centred.clone()))?;
+    }
     let width = 0.8 / peers.len() as f64;
     for (pi, peer) in peers.iter().enumerate() {
         let color = Palette99::pick(pi).to_rgba();
-        let bars: Vec<Rectangle<(f64, f64)>> = traces
-            .iter()
-            .enumerate()
-            .filter_map(|(ti, t)| {
-                let v = value(t, peer)?;
-                let x0 = ti as f64 + 0.1 + pi as f64 * width;
-                Some(Rectangle::new(
-                    [(x0, min / 2.0), (x0 + width * 0.9, v)],
-                    color.filled(),
-                ))
-            })
-            .collect();
-        chart
-            .draw_series(bars)?
-            .label(*peer)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+        chart.draw_series(traces.iter().enumerate().filter_map(|(ti, t)| {
+            let v = value(t, peer)?;
+            let x0 = ti as f64 + 0.1 + pi as f64 * width;
+            Some(Rectangle::new(
+                [(x0, min / 2.0), (x0 + width * 0.9, v)],
+                color.filled(),
+            ))
+        }))?;
+        let y = 60 + 22 * pi as i32;
+        legend.draw(&Rectangle::new([(5, y), (17, y + 12)], color.filled()))?;
+        legend.draw(&Text::new(*peer, (24, y), ("sans-serif", 13)))?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
     root.present()?;
     Ok(())
 }
@@ -283,65 +291,256 @@ fn contention_plot(
     Ok(())
 }
 
-/// Every row's calm/peer ratio as a horizontal bar, log scale, with the
-/// parity line at 1.
-fn ratio_plot(rows: &[Row], title: &str, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let rows: Vec<&Row> = rows
+/// One bar of a ratio plot: calm / peer, with the range it spans when it
+/// summarises several workloads.
+struct Bar {
+    label: String,
+    ratio: f64,
+    range: Option<(f64, f64)>,
+}
+
+/// One bar per row.
+fn row_bars(rows: &[Row]) -> Vec<Bar> {
+    rows.iter()
+        .map(|r| Bar {
+            label: format!("{} · {} · vs {}", r.workload, r.metric, r.peer),
+            ratio: r.ratio(),
+            range: None,
+        })
+        .collect()
+}
+
+/// The text suite's rows summarised per metric and peer over every trace:
+/// the geometric mean of the ratios and their range, as plot bars and as a
+/// Markdown table (metrics down, peers across).
+fn text_summary(rows: &[Row]) -> (Vec<Bar>, String) {
+    let mut metrics: Vec<&str> = Vec::new();
+    let mut peers: Vec<&str> = Vec::new();
+    for r in rows {
+        if !metrics.contains(&r.metric.as_str()) {
+            metrics.push(&r.metric);
+        }
+        if !peers.contains(&r.peer.as_str()) {
+            peers.push(&r.peer);
+        }
+    }
+    let summary = |metric: &str, peer: &str| -> Option<(f64, f64, f64)> {
+        let ratios: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.metric == metric && r.peer == peer)
+            .map(Row::ratio)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        let mean = (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp();
+        let lo = ratios.iter().copied().fold(f64::MAX, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        Some((mean, lo, hi))
+    };
+    let mut bars = Vec::new();
+    let mut md = format!(
+        "Per metric and peer over every trace: geometric mean of calm / peer, and its range.\n\n| calm / peer | {} |\n| --- |{}\n",
+        peers.join(" | "),
+        " ---: |".repeat(peers.len())
+    );
+    for metric in &metrics {
+        md.push_str(&format!("| {metric} |"));
+        for peer in &peers {
+            match summary(metric, peer) {
+                Some((mean, lo, hi)) => {
+                    md.push_str(&format!(
+                        " **{}** ({}–{}) |",
+                        format_ratio(mean),
+                        format_ratio(lo),
+                        format_ratio(hi)
+                    ));
+                    bars.push(Bar {
+                        label: format!("{metric} · vs {peer}"),
+                        ratio: mean,
+                        range: Some((lo, hi)),
+                    });
+                }
+                None => md.push_str(" |"),
+            }
+        }
+        md.push('\n');
+    }
+    (bars, md)
+}
+
+/// Every bar's calm/peer ratio, horizontal, log scale, with the parity
+/// line at 1 and, for summaries, a whisker over the range.
+fn ratio_plot(bars: &[Bar], title: &str, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let bars: Vec<&Bar> = bars
         .iter()
-        .filter(|r| r.ratio().is_finite() && r.ratio() > 0.0)
+        .filter(|b| b.ratio.is_finite() && b.ratio > 0.0)
         .collect();
-    if rows.is_empty() {
+    if bars.is_empty() {
         return Ok(());
     }
-    let height = 80 + 22 * rows.len() as u32;
+    let spans = |b: &&Bar| {
+        let (lo, hi) = b.range.unwrap_or((b.ratio, b.ratio));
+        [lo, hi]
+    };
+    let height = 80 + 22 * bars.len() as u32;
     let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let lo = rows
+    let lo = bars
         .iter()
-        .map(|r| r.ratio())
+        .flat_map(spans)
         .fold(f64::MAX, f64::min)
         .min(0.5)
         / 1.5;
-    let hi = rows.iter().map(|r| r.ratio()).fold(0.0, f64::max).max(2.0) * 1.5;
+    let hi = bars.iter().flat_map(spans).fold(0.0, f64::max).max(2.0) * 1.5;
     let (left, right) = root.split_horizontally(560);
-    for (i, r) in rows.iter().enumerate() {
-        let label = format!("{} · {} · vs {}", r.workload, r.metric, r.peer);
-        let label: String = label.chars().take(90).collect();
+    for (i, b) in bars.iter().enumerate() {
+        let label: String = b.label.chars().take(90).collect();
         left.draw(&Text::new(
             label,
             (5, 52 + 22 * i as i32),
             ("sans-serif", 12),
         ))?;
     }
-    let n = rows.len();
+    let n = bars.len();
     let mut chart = ChartBuilder::on(&right)
         .caption(format!("{title}: calm / peer"), ("sans-serif", 16))
         .margin_top(10)
         .margin_right(20)
         .x_label_area_size(30)
         .build_cartesian_2d((lo..hi).log_scale(), 0f64..n as f64)?;
-    chart.configure_mesh().disable_y_mesh().y_labels(0).draw()?;
-    chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(0)
+        .x_labels(8)
+        .x_label_formatter(&|x| axis_number(*x))
+        .draw()?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
         let y = (n - 1 - i) as f64;
-        let color = if r.ratio() <= 1.0 {
+        let color = if b.ratio <= 1.0 {
             GREEN.mix(0.7)
         } else {
             RED.mix(0.7)
         };
-        Rectangle::new([(lo, y + 0.15), (r.ratio(), y + 0.85)], color.filled())
+        Rectangle::new([(lo, y + 0.15), (b.ratio, y + 0.85)], color.filled())
+    }))?;
+    chart.draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
+        let (from, to) = b.range?;
+        let y = (n - 1 - i) as f64 + 0.5;
+        Some(PathElement::new(
+            vec![(from, y), (to, y)],
+            BLACK.stroke_width(1),
+        ))
     }))?;
     chart.draw_series(std::iter::once(PathElement::new(
         vec![(1.0, 0.0), (1.0, n as f64)],
         BLACK.stroke_width(1),
     )))?;
-    chart.draw_series(rows.iter().enumerate().map(|(i, r)| {
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
         let y = (n - 1 - i) as f64 + 0.5;
-        Text::new(
-            format_ratio(r.ratio()),
-            (r.ratio().max(lo) * 1.05, y),
-            ("sans-serif", 11),
-        )
+        let right = b.range.map_or(b.ratio, |(_, to)| to).max(lo);
+        Text::new(format_ratio(b.ratio), (right * 1.05, y), ("sans-serif", 11))
     }))?;
     root.present()?;
     Ok(())
+}
+
+/// A tick label: at most three decimals, no trailing zeros, scientific
+/// notation below a thousandth.
+fn axis_number(x: f64) -> String {
+    if x != 0.0 && x.abs() < 1e-3 {
+        return format!("{x:.0e}");
+    }
+    let s = format!("{x:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::{Figure, time_row};
+
+    /// Rows shaped like the text suite's: two traces, two peers, a time
+    /// and a size metric.
+    fn text_rows() -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (t, scale) in [("trace-a", 1.0), ("trace-b", 4.0)] {
+            for (peer, factor) in [("peer-x", 2.0), ("peer-y", 0.5)] {
+                rows.push(time_row(
+                    t,
+                    "local replay",
+                    peer,
+                    (scale * 1e-3, scale * factor * 1e-3),
+                ));
+                rows.push(Row {
+                    workload: t.into(),
+                    metric: "encoded size".into(),
+                    peer: peer.into(),
+                    ours: Figure::Bytes(1000),
+                    theirs: Figure::Bytes((1000.0 * factor * scale) as usize),
+                });
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn text_summary_is_the_geometric_mean_and_range() {
+        let (bars, table) = text_summary(&text_rows());
+        // Two metrics × two peers.
+        assert_eq!(bars.len(), 4);
+        let replay_x = &bars[0];
+        assert_eq!(replay_x.label, "local replay · vs peer-x");
+        // calm / peer is 1/2 on both traces.
+        assert!((replay_x.ratio - 0.5).abs() < 1e-9);
+        let size_y = &bars[3];
+        assert_eq!(size_y.label, "encoded size · vs peer-y");
+        // 1000 / 500 = 2 and 1000 / 2000 = 0.5: mean 1, range 0.5–2.
+        assert!((size_y.ratio - 1.0).abs() < 1e-9);
+        assert_eq!(size_y.range, Some((0.5, 2.0)));
+        // peer-x's sizes: 1000 / 2000 and 1000 / 8000, mean 0.25.
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("| encoded size |"))
+            .unwrap();
+        assert!(line.contains("| **0.25** ("), "{line}");
+        assert!(line.ends_with("| **1.00** (0.50–2.00) |"), "{line}");
+    }
+
+    #[test]
+    fn axis_numbers_are_short() {
+        assert_eq!(axis_number(0.30000000000000004), "0.3");
+        assert_eq!(axis_number(2.0), "2");
+        assert_eq!(axis_number(0.0005), "5e-4");
+        assert_eq!(axis_number(0.125), "0.125");
+    }
+
+    #[test]
+    fn plots_render() {
+        let dir = std::env::temp_dir().join(format!("calm-plots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rows = text_rows();
+        text_plot(&rows, &dir.join("text.svg")).unwrap();
+        ratio_plot(&text_summary(&rows).0, "text", &dir.join("ratios.svg")).unwrap();
+        ratio_plot(&row_bars(&rows), "rows", &dir.join("rows.svg")).unwrap();
+        contention_plot(
+            &[(1, 200.0, 15.0, 16.0), (2, 230.0, 70.0, 20.0)],
+            &dir.join("curve.svg"),
+        )
+        .unwrap();
+        for f in ["text.svg", "ratios.svg", "rows.svg", "curve.svg"] {
+            let svg = std::fs::read_to_string(dir.join(f)).unwrap();
+            assert!(svg.starts_with("<svg") && svg.contains("<rect"), "{f}");
+        }
+        assert!(
+            std::fs::read_to_string(dir.join("text.svg"))
+                .unwrap()
+                .contains("trace-b")
+        );
+        if std::env::var_os("CALM_KEEP_PLOTS").is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
