@@ -284,6 +284,7 @@ fn contention_plot(
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
         .border_style(BLACK)
         .background_style(WHITE)
         .draw()?;

@@ -164,8 +164,9 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
                 reason: "the idempotency key must not be empty",
             });
         }
-        let mut op = Some(op);
-        loop {
+        // Until the key holds our claim: return a recorded outcome, wait
+        // out a running claim, or claim an absent key.
+        let (lease, revision) = loop {
             match self.store.get(&k).await? {
                 Some(kv) => match serde_json::from_slice::<Record>(&kv.value)? {
                     Record::Done { token, outcome } => {
@@ -190,31 +191,29 @@ impl<S: Store + Clone + 'static> Idempotent<S> {
                                 .with_lease(lease.id()),
                         )
                         .await?;
-                    let WriteOutcome::Committed { revision, .. } = claim else {
-                        lease.revoke().await?;
-                        continue; // somebody claimed first: read their record
-                    };
-                    let token = FencingToken::from(revision);
-                    let Some(op) = op.take() else {
-                        unreachable!("the operation runs at most once per call")
-                    };
-                    let value = op(token).await;
-                    let done = serde_json::to_vec(&Record::Done {
-                        token: token.get(),
-                        outcome: serde_json::to_value(&value)?,
-                    })?;
-                    let recorded = self.record(&k, &done, revision, token, lease.id()).await;
-                    // The record no longer hangs on the lease; if revoking
-                    // fails, the lease just expires, and the outcome stands.
-                    let _ = lease.revoke().await;
-                    return recorded.map(|()| Completed {
-                        value,
-                        ran_here: true,
-                        token,
-                    });
+                    if let WriteOutcome::Committed { revision, .. } = claim {
+                        break (lease, revision);
+                    }
+                    // Somebody claimed first: read their record.
+                    lease.revoke().await?;
                 }
             }
-        }
+        };
+        let token = FencingToken::from(revision);
+        let value = op(token).await;
+        let done = serde_json::to_vec(&Record::Done {
+            token: token.get(),
+            outcome: serde_json::to_value(&value)?,
+        })?;
+        let recorded = self.record(&k, &done, revision, token, lease.id()).await;
+        // The record no longer hangs on the lease; if revoking fails, the
+        // lease just expires, and the outcome stands.
+        let _ = lease.revoke().await;
+        recorded.map(|()| Completed {
+            value,
+            ran_here: true,
+            token,
+        })
     }
 
     /// Records the outcome without a lease (the record outlives the
