@@ -45,9 +45,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{
+    GenericClient, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Transaction,
+};
 use tokio::sync::Notify;
-use tokio_postgres::{NoTls, Row, Transaction};
+use tokio_postgres::{NoTls, Row, Statement};
 
 use crate::occ::Version;
 use crate::store::{
@@ -318,7 +320,11 @@ impl PostgresStore {
         let tx = client.transaction().await.map_err(err)?;
         let row = tx
             .query_one(
-                &format!("SELECT revision FROM {s}.meta WHERE id = 1 FOR UPDATE"),
+                &prepared(
+                    &tx,
+                    &format!("SELECT revision FROM {s}.meta WHERE id = 1 FOR UPDATE"),
+                )
+                .await?,
                 &[],
             )
             .await
@@ -331,15 +337,14 @@ impl PostgresStore {
         expire_leases(&tx, &mut rev).await?;
         let out = f(&tx, &mut rev).await?;
         if rev.current != rev.start {
+            // The new revision and the watchers' wake-up in one round trip.
+            let sql = format!(
+                "WITH u AS (UPDATE {s}.meta SET revision = $1 WHERE id = 1)
+                 SELECT pg_notify($2, $3)"
+            );
             tx.execute(
-                &format!("UPDATE {s}.meta SET revision = $1 WHERE id = 1"),
-                &[&rev.current],
-            )
-            .await
-            .map_err(err)?;
-            tx.execute(
-                "SELECT pg_notify($1, $2)",
-                &[&self.shared.channel, &rev.current.to_string()],
+                &prepared(&tx, &sql).await?,
+                &[&rev.current, &self.shared.channel, &rev.current.to_string()],
             )
             .await
             .map_err(err)?;
@@ -351,6 +356,13 @@ impl PostgresStore {
     fn schema(&self) -> &str {
         &self.shared.schema
     }
+}
+
+/// `sql` as a statement prepared once per pooled connection (deadpool's
+/// statement cache): a cached statement runs in one round trip, where
+/// query text is parsed and described in a round trip of its own first.
+async fn prepared<C: GenericClient>(c: &C, sql: &str) -> Result<Statement, StoreError> {
+    c.prepare_cached(sql).await.map_err(err)
 }
 
 /// The revision counter of one write transaction.
@@ -404,9 +416,9 @@ async fn expire_leases(tx: &Transaction<'_>, rev: &mut Rev) -> Result<(), StoreE
     let s = rev.schema.clone();
     let expired = tx
         .query(
-            &format!(
+            &prepared(tx, &format!(
                 "DELETE FROM {s}.leases WHERE deadline <= clock_timestamp() RETURNING id, deadline"
-            ),
+            )).await?,
             &[],
         )
         .await
@@ -429,7 +441,11 @@ async fn delete_lease_keys(
     let s = rev.schema.clone();
     let keys = tx
         .query(
-            &format!("SELECT key FROM {s}.kv WHERE lease = $1 ORDER BY key"),
+            &prepared(
+                tx,
+                &format!("SELECT key FROM {s}.kv WHERE lease = $1 ORDER BY key"),
+            )
+            .await?,
             &[&lease],
         )
         .await
@@ -455,7 +471,11 @@ async fn delete_key(
 ) -> Result<Option<KeyValue>, StoreError> {
     let row = tx
         .query_opt(
-            &format!("DELETE FROM {s}.kv k WHERE k.key = $1 RETURNING {KV_COLUMNS}"),
+            &prepared(
+                tx,
+                &format!("DELETE FROM {s}.kv k WHERE k.key = $1 RETURNING {KV_COLUMNS}"),
+            )
+            .await?,
             &[&key],
         )
         .await
@@ -464,7 +484,11 @@ async fn delete_key(
         return Ok(None);
     };
     tx.execute(
-        &format!("INSERT INTO {s}.events VALUES ($1, $2, 1, ''::bytea, 0, 0, NULL)"),
+        &prepared(
+            tx,
+            &format!("INSERT INTO {s}.events VALUES ($1, $2, 1, ''::bytea, 0, 0, NULL)"),
+        )
+        .await?,
         &[&r, &key],
     )
     .await
@@ -472,8 +496,9 @@ async fn delete_key(
     Ok(Some(kv_of(&row)))
 }
 
-/// Writes `key` at revision `r` (recording the event); returns the
-/// previous record.
+/// Writes `key` at revision `r` and records the event, in one statement.
+/// `prev` is the key's record before the write, which the caller has read
+/// in this transaction.
 async fn put_key(
     tx: &Transaction<'_>,
     s: &str,
@@ -481,28 +506,20 @@ async fn put_key(
     value: &[u8],
     lease: Option<LeaseId>,
     r: i64,
+    prev: Option<KeyValue>,
 ) -> Result<Option<KeyValue>, StoreError> {
-    let prev = current(tx, s, key).await?;
     let lease = lease.map(LeaseId::get);
-    let row = tx
-        .query_one(
-            &format!(
-                "INSERT INTO {s}.kv AS k VALUES ($1, $2, $3, $3, 1, $4)
-                 ON CONFLICT (key) DO UPDATE SET value = $2, mod_revision = $3,
-                     writes = k.writes + 1, lease = $4
-                 RETURNING k.create_revision, k.writes"
-            ),
-            &[&key, &value, &r, &lease],
-        )
+    let sql = format!(
+        "WITH k AS (
+             INSERT INTO {s}.kv AS k VALUES ($1, $2, $3, $3, 1, $4)
+             ON CONFLICT (key) DO UPDATE SET value = $2, mod_revision = $3,
+                 writes = k.writes + 1, lease = $4
+             RETURNING k.create_revision, k.writes)
+         INSERT INTO {s}.events SELECT $3, $1, 0, $2, k.create_revision, k.writes, $4 FROM k"
+    );
+    tx.execute(&prepared(tx, &sql).await?, &[&key, &value, &r, &lease])
         .await
         .map_err(err)?;
-    let (create, writes): (i64, i64) = (row.get(0), row.get(1));
-    tx.execute(
-        &format!("INSERT INTO {s}.events VALUES ($1, $2, 0, $3, $4, $5, $6)"),
-        &[&r, &key, &value, &create, &writes, &lease],
-    )
-    .await
-    .map_err(err)?;
     Ok(prev)
 }
 
@@ -515,7 +532,11 @@ async fn current(
 ) -> Result<Option<KeyValue>, StoreError> {
     let row = tx
         .query_opt(
-            &format!("SELECT {KV_COLUMNS} FROM {s}.kv k WHERE k.key = $1"),
+            &prepared(
+                tx,
+                &format!("SELECT {KV_COLUMNS} FROM {s}.kv k WHERE k.key = $1"),
+            )
+            .await?,
             &[&key],
         )
         .await
@@ -534,7 +555,11 @@ async fn lease_alive(
     };
     let row = tx
         .query_opt(
-            &format!("SELECT 1 FROM {s}.leases WHERE id = $1 AND deadline > clock_timestamp()"),
+            &prepared(
+                tx,
+                &format!("SELECT 1 FROM {s}.leases WHERE id = $1 AND deadline > clock_timestamp()"),
+            )
+            .await?,
             &[&l.get()],
         )
         .await
@@ -556,7 +581,11 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_one(
-                &format!("SELECT revision FROM {}.meta WHERE id = 1", self.schema()),
+                &prepared(
+                    &client,
+                    &format!("SELECT revision FROM {}.meta WHERE id = 1", self.schema()),
+                )
+                .await?,
                 &[],
             )
             .await
@@ -570,10 +599,14 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_opt(
-                &format!(
-                    "SELECT {KV_COLUMNS} FROM {s}.kv k WHERE k.key = $1 AND {}",
-                    live(s)
-                ),
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT {KV_COLUMNS} FROM {s}.kv k WHERE k.key = $1 AND {}",
+                        live(s)
+                    ),
+                )
+                .await?,
                 &[&key],
             )
             .await
@@ -593,7 +626,10 @@ impl Store for PostgresStore {
             .await
             .map_err(err)?;
         let revision: i64 = tx
-            .query_one(&format!("SELECT revision FROM {s}.meta WHERE id = 1"), &[])
+            .query_one(
+                &prepared(&tx, &format!("SELECT revision FROM {s}.meta WHERE id = 1")).await?,
+                &[],
+            )
             .await
             .map_err(err)?
             .get(0);
@@ -603,11 +639,15 @@ impl Store for PostgresStore {
         let len = i32::try_from(prefix.len()).unwrap_or(i32::MAX);
         let rows = tx
             .query(
-                &format!(
-                    "SELECT {KV_COLUMNS} FROM {s}.kv k WHERE substr(k.key, 1, $2) = $1 AND {}
+                &prepared(
+                    &tx,
+                    &format!(
+                        "SELECT {KV_COLUMNS} FROM {s}.kv k WHERE substr(k.key, 1, $2) = $1 AND {}
                      ORDER BY k.key LIMIT $3",
-                    live(s)
-                ),
+                        live(s)
+                    ),
+                )
+                .await?,
                 &[&prefix, &len, &fetch],
             )
             .await
@@ -637,7 +677,7 @@ impl Store for PostgresStore {
                 return Ok(WriteOutcome::Conflict { current: cur });
             }
             let r = rev.bump();
-            let prev = put_key(tx, &s, key, value, options.lease, r).await?;
+            let prev = put_key(tx, &s, key, value, options.lease, r, cur).await?;
             Ok(WriteOutcome::Committed {
                 revision: version(r),
                 prev,
@@ -704,7 +744,8 @@ impl Store for PostgresStore {
             for op in ops {
                 results.push(match op {
                     TxnOp::Put { key, value, lease } => TxnOpResult::Put {
-                        prev: put_key(tx, &s, key, value, *lease, r).await?,
+                        prev: put_key(tx, &s, key, value, *lease, r, current(tx, &s, key).await?)
+                            .await?,
                     },
                     TxnOp::Delete { key } => TxnOpResult::Delete {
                         prev: delete_key(tx, &s, key, r).await?,
@@ -724,11 +765,11 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_one(
-                &format!(
+                &prepared(&client, &format!(
                     "INSERT INTO {}.leases (ttl_ms, deadline)
                      VALUES ($1, clock_timestamp() + $1::bigint * interval '1 millisecond') RETURNING id",
                     self.schema()
-                ),
+                )).await?,
                 &[&ms],
             )
             .await
@@ -744,11 +785,11 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_opt(
-                &format!(
+                &prepared(&client, &format!(
                     "UPDATE {}.leases SET deadline = clock_timestamp() + ttl_ms * interval '1 millisecond'
                      WHERE id = $1 AND deadline > clock_timestamp() RETURNING ttl_ms",
                     self.schema()
-                ),
+                )).await?,
                 &[&lease.get()],
             )
             .await
@@ -764,7 +805,7 @@ impl Store for PostgresStore {
         self.write(async |tx, rev| {
             let gone = tx
                 .execute(
-                    &format!("DELETE FROM {s}.leases WHERE id = $1"),
+                    &prepared(tx, &format!("DELETE FROM {s}.leases WHERE id = $1")).await?,
                     &[&lease.get()],
                 )
                 .await
@@ -781,11 +822,15 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_opt(
-                &format!(
-                    "SELECT (extract(epoch FROM deadline - clock_timestamp()) * 1000)::bigint
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT (extract(epoch FROM deadline - clock_timestamp()) * 1000)::bigint
                      FROM {}.leases WHERE id = $1 AND deadline > clock_timestamp()",
-                    self.schema()
-                ),
+                        self.schema()
+                    ),
+                )
+                .await?,
                 &[&lease.get()],
             )
             .await
@@ -809,10 +854,14 @@ impl Store for PostgresStore {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_one(
-                &format!(
-                    "SELECT revision, compacted FROM {}.meta WHERE id = 1",
-                    self.schema()
-                ),
+                &prepared(
+                    &client,
+                    &format!(
+                        "SELECT revision, compacted FROM {}.meta WHERE id = 1",
+                        self.schema()
+                    ),
+                )
+                .await?,
                 &[],
             )
             .await
@@ -857,7 +906,11 @@ async fn compact(pool: &Pool, s: &str, upto: i64) -> Result<(), StoreError> {
     let tx = client.transaction().await.map_err(err)?;
     let row = tx
         .query_one(
-            &format!("SELECT revision, compacted FROM {s}.meta WHERE id = 1 FOR UPDATE"),
+            &prepared(
+                &tx,
+                &format!("SELECT revision, compacted FROM {s}.meta WHERE id = 1 FOR UPDATE"),
+            )
+            .await?,
             &[],
         )
         .await
@@ -866,13 +919,17 @@ async fn compact(pool: &Pool, s: &str, upto: i64) -> Result<(), StoreError> {
     let upto = upto.min(revision);
     if upto > compacted {
         tx.execute(
-            &format!("DELETE FROM {s}.events WHERE revision <= $1"),
+            &prepared(&tx, &format!("DELETE FROM {s}.events WHERE revision <= $1")).await?,
             &[&upto],
         )
         .await
         .map_err(err)?;
         tx.execute(
-            &format!("UPDATE {s}.meta SET compacted = $1 WHERE id = 1"),
+            &prepared(
+                &tx,
+                &format!("UPDATE {s}.meta SET compacted = $1 WHERE id = 1"),
+            )
+            .await?,
             &[&upto],
         )
         .await
@@ -905,7 +962,11 @@ impl PostgresWatch {
             .map_err(err)?;
         let meta = tx
             .query_one(
-                &format!("SELECT revision, compacted FROM {s}.meta WHERE id = 1"),
+                &prepared(
+                    &tx,
+                    &format!("SELECT revision, compacted FROM {s}.meta WHERE id = 1"),
+                )
+                .await?,
                 &[],
             )
             .await
@@ -927,12 +988,12 @@ impl PostgresWatch {
         let len = i32::try_from(key.len()).unwrap_or(i32::MAX);
         let rows = tx
             .query(
-                &format!(
+                &prepared(&tx, &format!(
                     "SELECT revision, key, kind, value, create_revision, writes, lease FROM {s}.events
                      WHERE revision >= $1 AND revision <= $2
                        AND (CASE WHEN $4 THEN substr(key, 1, $5) = $3 ELSE key = $3 END)
                      ORDER BY revision, key"
-                ),
+                )).await?,
                 &[&self.next, &revision, &key, &prefix, &len],
             )
             .await
@@ -1030,12 +1091,12 @@ async fn reap(pool: Pool, shared: std::sync::Weak<Shared>) {
             let client = store.pool.get().await.map_err(pool_error)?;
             let row = client
                 .query_one(
-                    &format!(
+                    &prepared(&client, &format!(
                         "SELECT EXISTS (SELECT 1 FROM {}.leases WHERE deadline <= clock_timestamp()),
                                 (SELECT revision FROM {0}.meta WHERE id = 1),
                                 (SELECT compacted FROM {0}.meta WHERE id = 1)",
                         store.schema()
-                    ),
+                    )).await?,
                     &[],
                 )
                 .await
