@@ -1,11 +1,13 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
-//! `occ`, `coord`, `adapt`, `text` (the filter picks traces whose name
-//! contains it).
+//! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
+//! `text` (the filter picks traces whose name contains it); `report` runs
+//! them all and writes `BENCHMARKS.md`.
 
 mod adapt;
 mod alloc;
+mod backend;
 mod coord;
 mod crdt;
 mod harness;
@@ -25,10 +27,13 @@ fn main() {
         "occ" => occ::run(),
         "coord" => coord::run(),
         "adapt" => adapt::run(),
+        "backend" => backend::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(),
         other => {
-            eprintln!("unknown suite {other:?}; suites: crdt, occ, coord, adapt, text; or report");
+            eprintln!(
+                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, text; or report"
+            );
             std::process::exit(2);
         }
     };

@@ -79,6 +79,10 @@ pub fn run() -> Vec<Row> {
         ("Coordination", "coord"),
         ("Adapters", "adapt"),
         (
+            "Backends against their raw clients, on real servers",
+            "backend",
+        ),
+        (
             "Collaborative text against every text CRDT and two ropes",
             "text",
         ),
@@ -89,6 +93,7 @@ pub fn run() -> Vec<Row> {
             "occ" => crate::occ::run(),
             "coord" => crate::coord::run(),
             "adapt" => crate::adapt::run(),
+            "backend" => crate::backend::run(),
             _ => crate::text::run(None),
         };
         sections.push(Section { title, suite, rows });
