@@ -3,10 +3,11 @@
 //! automerge documents).
 #![no_main]
 
-use calm_fuzz::{canonical, split, stable};
+use calm_fuzz::{abort_only_on_uncaught_panics, canonical, split, stable};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    abort_only_on_uncaught_panics();
     let Some((which, bytes)) = split(data) else { return };
     match which % 6 {
         0 => canonical::<calm::occ::Versioned<u64>>(bytes),

@@ -3,6 +3,16 @@
 use calm::Merge;
 use calm::codec::{self, Tagged};
 
+/// For targets that reach a dependency calm guards with `catch_unwind`
+/// (automerge, which panics on some corrupt documents): libfuzzer-sys's
+/// panic hook aborts at the panic, before calm can catch it, so this hook
+/// only prints. A panic that calm does not catch still ends the run:
+/// libfuzzer-sys aborts on any unwind that reaches the target's boundary.
+pub fn abort_only_on_uncaught_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::panic::set_hook(Box::new(|info| eprintln!("{info}"))));
+}
+
 /// Decodes `data` as a `T`. Decoding must never panic; a value that decodes
 /// must re-encode to exactly the same bytes (calm's encodings are
 /// canonical) and must merge with itself and with the default state without

@@ -49,6 +49,14 @@ use crate::codec::{Codec, DecodeError, Decoder, Encoder, Tagged};
 use crate::merge::Merge;
 
 /// An automerge document with calm's [`Merge`] and codec.
+///
+/// # Untrusted input
+///
+/// Decoding a document ([`codec::from_bytes`](crate::codec::from_bytes))
+/// and [`apply_changes`](Self::apply_changes) give a [`DecodeError`] on
+/// corrupt bytes, including bytes on which automerge 0.12 itself panics:
+/// the adapter catches that unwind (so it relies on `panic = "unwind"`, the
+/// default).
 #[derive(Clone)]
 pub struct Document {
     /// The document; every edit is committed before the adapter returns,
@@ -109,18 +117,21 @@ impl Document {
         for _ in 0..n {
             let offset = dec.offset();
             let raw = dec.bytes()?;
-            changes.push(Change::try_from(raw).map_err(|_| DecodeError::Invalid {
-                offset,
-                what: "not an automerge change",
-            })?);
+            changes.push(
+                untrusted(|| Change::try_from(raw)).ok_or(DecodeError::Invalid {
+                    offset,
+                    what: "not an automerge change",
+                })?,
+            );
         }
         dec.finish()?;
+        // On a copy, so a refusal (or a panic inside automerge) leaves the
+        // document as it was.
         let mut next = self.doc.clone();
-        next.apply_changes(changes)
-            .map_err(|_| DecodeError::Invalid {
-                offset: 0,
-                what: "automerge refused the changes",
-            })?;
+        untrusted(|| next.apply_changes(changes)).ok_or(DecodeError::Invalid {
+            offset: 0,
+            what: "automerge refused the changes",
+        })?;
         self.doc = next;
         self.refresh();
         Ok(())
@@ -204,13 +215,28 @@ impl Codec for Document {
     fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
         let offset = dec.offset();
         let bytes = dec.bytes()?;
-        AutoCommit::load(bytes)
+        untrusted(|| AutoCommit::load(bytes))
             .map(Self::from)
-            .map_err(|_| DecodeError::Invalid {
+            .ok_or(DecodeError::Invalid {
                 offset,
                 what: "not an automerge document",
             })
     }
+}
+
+/// Runs one of automerge's parsers on untrusted bytes: `None` if it
+/// returns an error *or panics*.
+///
+/// automerge 0.12 panics on some corrupt documents instead of returning an
+/// error (an `unwrap` in its column decoder, `hexane`; found by `cargo
+/// fuzz`). The unwind is caught here, so such bytes give a [`DecodeError`]
+/// like any other corrupt input, and whatever automerge was building is
+/// dropped. This needs unwinding: in a build with `panic = "abort"` such
+/// input still aborts the process.
+fn untrusted<T, E>(parse: impl FnOnce() -> Result<T, E>) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse))
+        .ok()?
+        .ok()
 }
 
 impl Tagged for Document {
