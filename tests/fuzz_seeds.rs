@@ -95,4 +95,20 @@ fn fuzz_seeds() {
         0,
         &calm::occ::Versioned::new(calm::occ::Version::new(9), 9u64),
     );
+
+    #[cfg(feature = "automerge")]
+    {
+        use automerge::transaction::Transactable;
+        let mut doc = calm::adapt::automerge::Document::new();
+        let empty = doc.heads();
+        doc.edit(|d| {
+            d.put(automerge::ROOT, "key", "value").unwrap();
+        });
+        write("decode_automerge", "seed-doc", &codec::to_bytes(&doc));
+        write(
+            "decode_automerge",
+            "seed-changes",
+            &doc.changes_since(&empty),
+        );
+    }
 }

@@ -57,6 +57,13 @@ use crate::merge::Merge;
 /// corrupt bytes, including bytes on which automerge 0.12 itself panics:
 /// the adapter catches that unwind (so it relies on `panic = "unwind"`, the
 /// default).
+///
+/// What calm cannot bound is memory: automerge's loader sizes some of its
+/// allocations from lengths written in the input (`cargo fuzz` found a
+/// 119-byte document that makes it allocate 2 GiB at once). Unlike calm's
+/// own decoders, which never allocate more than the input justifies,
+/// decode automerge documents only from peers you trust, or in a process
+/// whose memory is bounded.
 #[derive(Clone)]
 pub struct Document {
     /// The document; every edit is committed before the adapter returns,
