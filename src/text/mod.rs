@@ -181,13 +181,13 @@
 //! crate's `report` command):
 //!
 //! - local editing costs 1.1–1.5× what diamond-types costs (`automerge-paper`,
-//!   260k patches, in 13–15 ms); 6× (loro) to over 90× (yrs, automerge)
-//!   faster than the other CRDTs; 1.7–2.7× a plain rope (jumprope);
+//!   260k patches, in about 12 ms); 6× (loro) to over 100× (yrs, automerge)
+//!   faster than the other CRDTs; 1.9–2.6× a plain rope (jumprope);
 //! - a replica keeps 0.4–0.7× the heap of diamond-types and 0.2–0.4× that
 //!   of cola, loro and yrs;
 //! - merging a whole remote history and loading a document replay every
-//!   run through the ordering rule: 3.4–4.5× slower than diamond-types,
-//!   1.3–2.8× slower than yrs, faster than loro's merge, 7–25× faster than
+//!   run through the ordering rule: 3.4–4.4× slower than diamond-types,
+//!   1.5–2.8× slower than yrs, faster than loro's merge, 6–25× faster than
 //!   automerge;
 //! - the encoding is 1.5–2.1× diamond-types' (which LZ4-compresses its
 //!   text), smaller than yrs', loro's and cola's.
