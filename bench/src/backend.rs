@@ -7,7 +7,8 @@
 //! are serialised as etcd's are), reaps expired leases, appends a watch
 //! event and sends a `NOTIFY`; a read goes through the connection pool.
 //! On etcd the models are the same, so the ratio is calm's own overhead
-//! (its key checks, conversions and the compare it adds to a put).
+//! (its key checks and conversions, and a put sent as a transaction that
+//! also returns the previous record).
 //!
 //! The servers are started like the tests start them (`calm::testing::
 //! servers`); when a binary is missing the suite says so and skips it.
