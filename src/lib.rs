@@ -86,7 +86,7 @@
 //!
 //! - `testing`: the public harnesses (pulls in `proptest`).
 //! - `postgres`: the PostgreSQL backend (`tokio-postgres`, `deadpool-postgres`).
-//! - `etcd`: the etcd backend (`etcd-client`; building it needs `protoc`).
+//! - `etcd`: the etcd backend (`tonic`; building it needs no `protoc`).
 //! - `crdts`: adapters for the `crdts` crate.
 //! - `automerge`: adapters for automerge documents.
 #![deny(missing_docs)]

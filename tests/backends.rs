@@ -258,3 +258,42 @@ pub(crate) mod etcd {
         .await;
     }
 }
+
+#[cfg(feature = "etcd")]
+mod etcd_connect {
+    use std::time::{Duration, Instant};
+
+    use calm::backend::etcd::{EtcdOptions, EtcdStore};
+    use calm::store::StoreError;
+
+    /// Connecting to a port nobody listens on fails with `Unavailable`
+    /// within the connect timeout, and its message says so once.
+    #[tokio::test]
+    async fn unreachable_endpoint_is_unavailable() {
+        let options = EtcdOptions::new().with_connect_timeout(Duration::from_millis(500));
+        let started = Instant::now();
+        let err = EtcdStore::connect_with(&["http://127.0.0.1:1"], options)
+            .await
+            .expect_err("nothing listens on port 1");
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+        assert!(err.is_retryable());
+    }
+
+    /// An endpoint that is not a URL, or no endpoint at all, is a
+    /// configuration error, not an outage.
+    #[tokio::test]
+    async fn bad_endpoints_are_invalid() {
+        let err = EtcdStore::connect(&["not a url"])
+            .await
+            .expect_err("not a URL");
+        assert!(matches!(err, StoreError::InvalidEndpoint { .. }), "{err:?}");
+        let none: [&str; 0] = [];
+        let err = EtcdStore::connect(&none).await.expect_err("no endpoints");
+        assert!(matches!(err, StoreError::InvalidEndpoint { .. }), "{err:?}");
+    }
+}

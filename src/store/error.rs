@@ -92,6 +92,15 @@ pub enum StoreError {
         /// The client library's error.
         source: BoxError,
     },
+    /// A backend endpoint is not usable as given (not a URL, or none at
+    /// all). Nothing was connected. Fix the configuration.
+    #[error("invalid endpoint {endpoint:?}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why it was refused.
+        source: BoxError,
+    },
     /// The store handle was closed (pool shut down, watch ended with its
     /// store). Create a new one.
     #[error("store closed")]
