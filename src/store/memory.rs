@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 
 use super::types::{check_key, check_value};
 use super::{
-    Clock, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId, PutOptions, RangeResult,
-    Store, StoreError, SystemClock, Txn, TxnOp, TxnOpResult, TxnOutcome, Watch, WatchEvent,
-    WriteOutcome,
+    Clock, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId, PolledWatch,
+    PutOptions, RangeResult, Store, StoreError, SystemClock, Txn, TxnOp, TxnOpResult, TxnOutcome,
+    Watch, WatchEvent, WriteOutcome,
 };
 use crate::occ::Version;
 
@@ -539,10 +539,7 @@ impl MemoryStore {
             Ok(from.get())
         })?;
         Ok(MemoryWatch {
-            store: self.clone(),
-            span,
-            next,
-            ready: VecDeque::new(),
+            inner: PolledWatch::new(self.clone(), span, next),
         })
     }
 }
@@ -684,59 +681,52 @@ impl Store for MemoryStore {
 /// so far behind that its next revision was dropped from the history ends
 /// with [`StoreError::Compacted`].
 pub struct MemoryWatch {
-    store: MemoryStore,
-    span: KeySpan,
-    /// The first revision not yet taken from the history.
-    next: u64,
-    /// Events taken from the history but not yet returned.
-    ready: VecDeque<WatchEvent>,
+    inner: PolledWatch<MemoryStore>,
 }
 
-impl MemoryWatch {
-    /// Moves every event at revisions `next..=current` that matches into
-    /// `ready`.
-    fn fill(&mut self) -> Result<(), StoreError> {
-        let shared = &self.store.shared;
+impl std::fmt::Debug for MemoryWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryWatch").finish_non_exhaustive()
+    }
+}
+
+impl History for MemoryStore {
+    fn changed(&self) -> &Notify {
+        &self.shared.changed
+    }
+
+    async fn read(
+        &self,
+        span: &KeySpan,
+        next: &mut u64,
+        out: &mut VecDeque<WatchEvent>,
+    ) -> Result<(), StoreError> {
+        let shared = &self.shared;
         let mut st = lock(&shared.state);
         if st.expire(&*shared.clock, shared.history_limit) {
             // Wake other watchers too; we hold the lock, so they wait
             // until we are done reading.
             shared.changed.notify_waiters();
         }
-        if self.next > st.revision {
+        if *next > st.revision {
             return Ok(());
         }
-        check_compacted(&st, self.next)?;
-        let start = st
-            .history
-            .partition_point(|e| e.revision().get() < self.next);
-        for e in st.history.range(start..) {
-            if self.span.contains(&e.kv.key) {
-                self.ready.push_back(e.clone());
-            }
-        }
-        self.next = st.revision + 1;
+        check_compacted(&st, *next)?;
+        let start = st.history.partition_point(|e| e.revision().get() < *next);
+        out.extend(
+            st.history
+                .range(start..)
+                .filter(|e| span.contains(&e.kv.key))
+                .cloned(),
+        );
+        *next = st.revision + 1;
         Ok(())
     }
 }
 
 impl Watch for MemoryWatch {
     async fn next(&mut self) -> Result<WatchEvent, StoreError> {
-        loop {
-            if let Some(e) = self.ready.pop_front() {
-                return Ok(e);
-            }
-            let shared = Arc::clone(&self.store.shared);
-            let changed = shared.changed.notified();
-            tokio::pin!(changed);
-            // Registered before reading, so a write between the read and
-            // the await still wakes us.
-            changed.as_mut().enable();
-            self.fill()?;
-            if self.ready.is_empty() {
-                changed.await;
-            }
-        }
+        self.inner.next().await
     }
 }
 

@@ -63,12 +63,15 @@ mod clock;
 mod error;
 mod ext;
 mod memory;
+mod polled;
 mod types;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use error::{BoxError, StoreError};
 pub use ext::{MERGE_RETRY, StoreExt, Typed};
 pub use memory::{MemoryStore, MemoryStoreOptions, MemoryWatch};
+pub(crate) use polled::{History, PolledWatch};
+pub(crate) use types::prefix_end;
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId,
     MAX_KEY_LEN, MAX_VALUE_LEN, PutOptions, RangeResult, Txn, TxnOp, TxnOpResult, TxnOutcome,

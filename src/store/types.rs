@@ -55,6 +55,20 @@ pub fn check_value(value: &[u8]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The first key after every key that starts with `prefix`, or `None`
+/// when no key is (an empty prefix, or one of only `0xff` bytes): the
+/// exclusive end of the key range a prefix selects.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// The identity of a lease granted by a store.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -171,6 +185,13 @@ impl Expect {
         match self {
             Expect::Any => Vec::new(),
             Expect::Absent => vec![Compare::absent(key)],
+            // A present key's mod_revision is at least 1, so version 0
+            // never holds; saying "exists" too keeps a backend that reads
+            // an absent key's mod_revision as 0 (etcd) from creating it.
+            Expect::Version(v) if v == Version::ZERO => vec![
+                Compare::exists(key),
+                Compare::mod_revision(key, CompareOp::Equal, v),
+            ],
             Expect::Version(v) => vec![Compare::mod_revision(key, CompareOp::Equal, v)],
         }
     }

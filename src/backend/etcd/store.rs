@@ -18,7 +18,7 @@ use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant,
     LeaseId, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    Watch, WatchEvent, WriteOutcome, check_key, check_value,
+    Watch, WatchEvent, WriteOutcome, check_key, check_value, prefix_end,
 };
 
 /// How an [`EtcdStore`] connects: timeouts and credentials.
@@ -228,28 +228,17 @@ fn header_revision(h: Option<&PbResponseHeader>) -> Version {
     version(h.map_or(0, |h| h.revision))
 }
 
-/// The end of etcd's key range for every key starting with `prefix`: the
-/// prefix with its last byte below 0xff incremented, or `\0` (every key)
-/// when there is none.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(&last) = end.last() {
-        if last < 0xff {
-            *end.last_mut().expect("checked non-empty") += 1;
-            return end;
-        }
-        end.pop();
-    }
-    vec![0]
-}
-
 /// The key and range end that select a prefix (the empty prefix is every
 /// key: from `\0` to the end of the key space).
 fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     if prefix.is_empty() {
         (vec![0], vec![0])
     } else {
-        (prefix.to_vec(), prefix_end(prefix))
+        // etcd's range end "\0" means "to the end of the key space".
+        (
+            prefix.to_vec(),
+            prefix_end(prefix).unwrap_or_else(|| vec![0]),
+        )
     }
 }
 
@@ -905,12 +894,14 @@ impl std::fmt::Debug for EtcdStore {
 mod tests {
     use super::*;
 
-    /// A prefix's range end increments its last byte below 0xff.
+    /// A prefix's range end increments its last byte below 0xff; a prefix
+    /// of only 0xff bytes reaches the end of the key space.
     #[test]
-    fn prefix_end_increments_last_incrementable_byte() {
-        assert_eq!(prefix_end(b"ab"), b"ac".to_vec());
-        assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
-        assert_eq!(prefix_end(&[0xff, 0xff]), vec![0]);
+    fn prefix_ranges() {
+        assert_eq!(prefix_range(b"ab"), (b"ab".to_vec(), b"ac".to_vec()));
+        assert_eq!(prefix_range(&[b'a', 0xff]).1, b"b".to_vec());
+        assert_eq!(prefix_range(&[0xff, 0xff]).1, vec![0]);
+        assert_eq!(prefix_range(b""), (vec![0], vec![0]));
     }
 
     /// The messages calm declares encode with etcd's field numbers.

@@ -1,0 +1,301 @@
+//! Group commit: concurrent requests of one store go to the server as one
+//! call of the `apply` function.
+//!
+//! Every write of a [`PostgresStore`](super::PostgresStore) is a request
+//! (compares, a success branch, a failure branch) queued on a bounded
+//! channel. A few committer tasks each take every request waiting (up to
+//! [`MAX_BATCH`] of them), send them in one statement, and hand each its
+//! own outcome. The server applies them in order under one hold of the
+//! store-wide lock, in one transaction, so one commit serves them all;
+//! under load a batch grows to what arrived during the previous one, so
+//! the lock is taken once per batch instead of once per write.
+//!
+//! A request whose caller stopped waiting before its batch was sent is
+//! dropped unsent: a cancelled write that never left the process never
+//! applies.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio_postgres::Row;
+
+use super::sql::Sql;
+use super::store::{kv_of_columns, pg_error, pool_error, version};
+use crate::occ::Version;
+use crate::store::{Compare, CompareOp, CompareTarget, LeaseId, StoreError, TxnOp, TxnOpResult};
+
+/// The most requests in one call.
+pub(super) const MAX_BATCH: usize = 256;
+
+/// The most value bytes in one call (a request over it goes alone).
+const MAX_BATCH_BYTES: usize = 4 << 20;
+
+/// One write request: compares, then one branch, all or nothing.
+pub(super) struct Request {
+    pub compares: Vec<Compare>,
+    pub success: Vec<TxnOp>,
+    pub failure: Vec<TxnOp>,
+    pub reply: oneshot::Sender<Result<Reply, StoreError>>,
+}
+
+impl Request {
+    fn bytes(&self) -> usize {
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .map(|o| match o {
+                TxnOp::Put { key, value, .. } => key.len() + value.len(),
+                TxnOp::Delete { key } | TxnOp::Get { key } => key.len(),
+            })
+            .sum::<usize>()
+            + self.compares.iter().map(|c| c.key.len()).sum::<usize>()
+    }
+}
+
+/// What the server did with one request.
+#[derive(Debug)]
+pub(super) struct Reply {
+    /// Whether the compares held (the success branch ran).
+    pub succeeded: bool,
+    /// The revision of its writes, or the store revision it read at.
+    pub revision: Version,
+    /// The branch's results, one per op.
+    pub results: Vec<TxnOpResult>,
+}
+
+/// The queue's sending side.
+pub(super) type Queue = mpsc::Sender<Request>;
+
+/// Starts `committers` tasks that drain `queue` into `apply` calls.
+pub(super) fn spawn(
+    pool: Pool,
+    sql: Arc<Sql>,
+    committers: usize,
+) -> (Queue, Vec<tokio::task::JoinHandle<()>>) {
+    let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+    let rx = Arc::new(Mutex::new(rx));
+    let tasks = (0..committers.max(1))
+        .map(|_| tokio::spawn(commit_loop(pool.clone(), Arc::clone(&sql), Arc::clone(&rx))))
+        .collect();
+    (tx, tasks)
+}
+
+async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Request>>>) {
+    loop {
+        let batch = {
+            // One committer collects at a time; the others wait here, so
+            // a batch holds everything that queued while the previous one
+            // was on the wire.
+            let mut rx = rx.lock().await;
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            let mut bytes = first.bytes();
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        bytes += r.bytes();
+                        batch.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        // Callers that stopped waiting are not sent: their writes never
+        // apply.
+        let batch: Vec<Request> = batch.into_iter().filter(|r| !r.reply.is_closed()).collect();
+        if batch.is_empty() {
+            continue;
+        }
+        match run(&pool, &sql, &batch).await {
+            Ok(mut replies) => {
+                for (r, reply) in batch.into_iter().zip(replies.drain(..)) {
+                    let _ = r.reply.send(reply);
+                }
+            }
+            Err(e) => {
+                let shared = Shared(Arc::new(e));
+                for r in batch {
+                    let _ = r.reply.send(Err(shared.copy()));
+                }
+            }
+        }
+    }
+}
+
+/// One failure handed to every request of a batch: each gets the same
+/// kind of error, its source the shared original.
+struct Shared(Arc<StoreError>);
+
+impl Shared {
+    fn copy(&self) -> StoreError {
+        let source: crate::store::BoxError = Box::new(SharedError(Arc::clone(&self.0)));
+        match &*self.0 {
+            StoreError::Unavailable { .. } => StoreError::Unavailable { source },
+            StoreError::Indeterminate { .. } => StoreError::Indeterminate { source },
+            StoreError::Closed => StoreError::Closed,
+            _ => StoreError::Backend { source },
+        }
+    }
+}
+
+/// The error of a whole batch, shown through its cause (the store error's
+/// own kind is the variant the request gets).
+#[derive(Debug)]
+struct SharedError(Arc<StoreError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match std::error::Error::source(&*self.0) {
+            Some(cause) => std::fmt::Display::fmt(cause, f),
+            None => self.0.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0).and_then(std::error::Error::source)
+    }
+}
+
+fn target(c: &Compare) -> (i16, i64, &[u8]) {
+    let clamp = |v: Version| i64::try_from(v.get()).unwrap_or(i64::MAX);
+    match &c.target {
+        CompareTarget::CreateRevision(v) => (0, clamp(*v), &[]),
+        CompareTarget::ModRevision(v) => (1, clamp(*v), &[]),
+        CompareTarget::Writes(n) => (2, i64::try_from(*n).unwrap_or(i64::MAX), &[]),
+        CompareTarget::Value(v) => (3, 0, v.as_slice()),
+    }
+}
+
+fn op_code(op: CompareOp) -> i16 {
+    match op {
+        CompareOp::Equal => 0,
+        CompareOp::NotEqual => 1,
+        CompareOp::Less => 2,
+        CompareOp::Greater => 3,
+    }
+}
+
+/// Sends one batch and splits the rows into each request's reply.
+async fn run(
+    pool: &Pool,
+    sql: &Sql,
+    batch: &[Request],
+) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+    let mut n_cmp = Vec::with_capacity(batch.len());
+    let mut n_ok = Vec::with_capacity(batch.len());
+    let mut n_else = Vec::with_capacity(batch.len());
+    let (mut c_key, mut c_target, mut c_op, mut c_num, mut c_val) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut o_kind, mut o_key, mut o_val, mut o_lease) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    for r in batch {
+        n_cmp.push(count(r.compares.len()));
+        n_ok.push(count(r.success.len()));
+        n_else.push(count(r.failure.len()));
+        for c in &r.compares {
+            let (t, num, val) = target(c);
+            c_key.push(c.key.as_slice());
+            c_target.push(t);
+            c_op.push(op_code(c.op));
+            c_num.push(num);
+            c_val.push(val);
+        }
+        for o in r.success.iter().chain(&r.failure) {
+            let (kind, key, value, lease): (i16, &[u8], &[u8], i64) = match o {
+                TxnOp::Put { key, value, lease } => (0, key, value, lease.map_or(0, LeaseId::get)),
+                TxnOp::Delete { key } => (1, key, &[], 0),
+                TxnOp::Get { key } => (2, key, &[], 0),
+            };
+            o_kind.push(kind);
+            o_key.push(key);
+            o_val.push(value);
+            o_lease.push(lease);
+        }
+    }
+    let client = pool.get().await.map_err(pool_error)?;
+    let statement = client
+        .prepare_cached(&sql.apply)
+        .await
+        .map_err(|e| pg_error(e, false))?;
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &n_cmp, &n_ok, &n_else, &c_key, &c_target, &c_op, &c_num, &c_val, &o_kind, &o_key,
+                &o_val, &o_lease,
+            ],
+        )
+        .await
+        // The call is one autocommit statement: a connection lost while
+        // it runs leaves its commit unknown.
+        .map_err(|e| pg_error(e, true))?;
+    Ok(split(batch, &rows))
+}
+
+/// Builds each request's reply from the rows `apply` returned: per request
+/// a head row (op = -1) and one row per op of the branch it took.
+fn split(batch: &[Request], rows: &[Row]) -> Vec<Result<Reply, StoreError>> {
+    let mut replies: Vec<Option<Result<Reply, StoreError>>> =
+        (0..batch.len()).map(|_| None).collect();
+    for row in rows {
+        let req: i32 = row.get(0);
+        let op: i32 = row.get(1);
+        let Some(i) = usize::try_from(req).ok().and_then(|r| r.checked_sub(1)) else {
+            continue;
+        };
+        let Some(request) = batch.get(i) else {
+            continue;
+        };
+        if op < 0 {
+            let err: i16 = row.get(4);
+            let reply = if err == 1 {
+                Err(StoreError::LeaseNotFound {
+                    lease: LeaseId::new(row.get::<_, Option<i64>>(11).unwrap_or(0)),
+                })
+            } else {
+                Ok(Reply {
+                    succeeded: row.get(2),
+                    revision: version(row.get(3)),
+                    results: Vec::new(),
+                })
+            };
+            replies[i] = Some(reply);
+            continue;
+        }
+        let Some(Some(Ok(reply))) = replies.get_mut(i) else {
+            continue;
+        };
+        let branch = if reply.succeeded {
+            &request.success
+        } else {
+            &request.failure
+        };
+        let Some(kind) = usize::try_from(op).ok().and_then(|o| branch.get(o)) else {
+            continue;
+        };
+        let present: bool = row.get(5);
+        let kv = present.then(|| kv_of_columns(row, 6));
+        reply.results.push(match kind {
+            TxnOp::Put { .. } => TxnOpResult::Put { prev: kv },
+            TxnOp::Delete { .. } => TxnOpResult::Delete { prev: kv },
+            TxnOp::Get { .. } => TxnOpResult::Get { kv },
+        });
+    }
+    replies
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    source: "the server returned no outcome for a request".into(),
+                })
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,96 @@
+//! The [`Store`](crate::store::Store) model on PostgreSQL.
+//!
+//! # Schema
+//!
+//! Each store lives in one PostgreSQL schema (default `calm`), created on
+//! first use (or by [`PostgresStore::migrate`]):
+//!
+//! | table | holds |
+//! | --- | --- |
+//! | `meta` | one row: the store revision; its row lock is the write lock |
+//! | `compaction` | one row: the highest compacted revision |
+//! | `kv` | key, value, `create_revision`, `mod_revision`, `writes`, lease |
+//! | `leases` | id, TTL, deadline (a `timestamptz` of the database's clock) |
+//! | `events` | every put and delete by revision, for watches |
+//!
+//! and the functions `apply` (a batch of writes), `reap`, `revoke`,
+//! `compact`. The full SQL is in `sql.rs`.
+//!
+//! # Why it is correct
+//!
+//! Every write (put, delete, transaction, revoke, lease expiry) runs inside
+//! one server-side function call, one autocommit statement, which takes
+//! the `meta` row lock (`SELECT ... FOR UPDATE`) before it writes.
+//! Writers are therefore serialised: each sees every earlier write, takes
+//! the next revision, and commits before the next one gets the lock, so
+//! revision order *is* commit order, and a fencing token (a revision)
+//! issued later in real time is always larger. Compare-and-set is a check
+//! of the key's row under the lock, and a transaction's writes share its
+//! one revision.
+//!
+//! The lock is held only while the server runs the function and commits:
+//! never across a round trip to calm, so a client process that freezes
+//! (a GC pause, SIGSTOP) cannot stall anybody else. calm's sessions also
+//! set `idle_in_transaction_session_timeout` and `lock_timeout`, so the
+//! server ends anything left waiting.
+//!
+//! A compare that fails on the current committed state, with a failure
+//! branch that only reads, is answered from a snapshot without the lock:
+//! losers of a contended compare-and-set never queue behind the winner.
+//! That answer is linearizable at the snapshot's instant, because the
+//! snapshot holds a prefix of the revision order (commit order).
+//!
+//! Leases are judged by the database's clock (`clock_timestamp()`), never
+//! the client's. Reads and compares treat keys of a lease past its
+//! deadline as gone at once; a background reaper (every 100 ms) deletes
+//! them at a new revision, and a write that touches such a key deletes
+//! its lease's keys first, so the history stays exact.
+//!
+//! Watches read the `events` table by revision, so they miss nothing; a
+//! `LISTEN` connection wakes them (a `NOTIFY` is sent in the writing
+//! transaction, delivered at its commit), and they also re-read every
+//! second, so a lost notification costs latency, not events.
+//!
+//! # Speed: group commit
+//!
+//! A store-wide revision in commit order means writers serialise on one
+//! lock, and each writer holding it across its own commit would cap a
+//! store at one commit at a time. Two designs avoid that:
+//!
+//! - **Group commit in calm** (this one): each [`PostgresStore`] queues
+//!   concurrent writes, and a committer sends everything queued as one
+//!   `apply` call: one lock hold, one commit (one WAL flush) and one round
+//!   trip for the batch, each request with its own compare result. Under
+//!   load, batches grow to what arrived during the previous batch, so the
+//!   cost per write falls as concurrency rises. Processes with their own
+//!   stores still take the lock in turn, one batch each. The price: a
+//!   single write waits for a task hop, and the SQL lives in server-side
+//!   functions that [`PostgresStore::migrate`] installs.
+//! - **Revisions from a sequence, no store-wide lock** (k3s' kine on
+//!   PostgreSQL): every write takes `nextval` and commits on its own, so
+//!   writes of different keys never wait for each other. But commits then
+//!   become visible out of revision order: a watcher or reader can see
+//!   revision 11 before 10 commits. kine handles this by waiting for gaps
+//!   to fill and eventually skipping them, which can skip or reorder
+//!   events under load, and a token taken earlier can commit later than a
+//!   larger one. calm's fences and election need "a later grant has a
+//!   larger token" and "a watcher never skips", so calm keeps the lock and
+//!   batches behind it.
+//!
+//! # Errors
+//!
+//! A connection that cannot be made, or breaks before a write is sent, is
+//! [`StoreError::Unavailable`](crate::store::StoreError::Unavailable)
+//! (retry), as is a statement the server aborted (lock timeout,
+//! serialization failure: nothing was written). A connection that breaks
+//! while a write is in flight is
+//! [`StoreError::Indeterminate`](crate::store::StoreError::Indeterminate):
+//! the write may have happened; re-read the key's version. A closed pool
+//! is [`StoreError::Closed`](crate::store::StoreError::Closed).
+
+mod batch;
+mod sql;
+mod store;
+mod tasks;
+
+pub use store::{PostgresOptions, PostgresStore, PostgresWatch};

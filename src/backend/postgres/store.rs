@@ -1,0 +1,755 @@
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use tokio::sync::{Notify, oneshot};
+use tokio_postgres::{NoTls, Row};
+
+use super::batch::{self, Queue, Reply, Request};
+use super::sql::Sql;
+use super::tasks;
+use crate::occ::Version;
+use crate::store::{
+    BoxError, Compare, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId,
+    PolledWatch, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
+    Watch, WatchEvent, WriteOutcome, check_key, check_value, prefix_end,
+};
+
+/// Settings of a [`PostgresStore`].
+///
+/// # Examples
+///
+/// ```
+/// use calm::backend::postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::new("host=127.0.0.1 user=app dbname=app")
+///     .with_schema("orders_calm")
+///     .with_pool_size(16)
+///     .with_history(1_000_000);
+/// assert_eq!(options.history, 1_000_000);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+#[must_use = "options do nothing until passed to PostgresStore::connect_with"]
+pub struct PostgresOptions {
+    /// A libpq-style connection string or URL.
+    pub url: String,
+    /// The schema holding the store's tables (one store per schema).
+    pub schema: String,
+    /// Pooled connections (reads, lease calls and the committers' calls).
+    pub pool_size: usize,
+    /// Watch events kept; older ones are compacted in the background, so a
+    /// watch that falls further behind ends with
+    /// [`StoreError::Compacted`].
+    pub history: u64,
+    /// Tasks that send batches of writes; while one batch is on the wire
+    /// the next one gathers (see the [module docs](super)).
+    pub committers: usize,
+}
+
+impl PostgresOptions {
+    /// Connects to `url`, schema `calm`, 8 pooled connections, 100,000
+    /// events of history, 2 committers.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: "calm".into(),
+            pool_size: 8,
+            history: 100_000,
+            committers: 2,
+        }
+    }
+
+    /// Uses another schema (1–40 ASCII letters, digits and `_`).
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the pool size (at least 1).
+    pub fn with_pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// Sets how many events of history are kept (at least 1).
+    pub fn with_history(mut self, events: u64) -> Self {
+        self.history = events.max(1);
+        self
+    }
+
+    /// Sets the number of committer tasks (at least 1).
+    pub fn with_committers(mut self, n: usize) -> Self {
+        self.committers = n.max(1);
+        self
+    }
+}
+
+/// A [`Store`] on PostgreSQL. Clones share the pool and the committers.
+///
+/// See the [module docs](super) for the schema and why the model holds.
+///
+/// # Examples
+///
+/// ```no_run
+/// use calm::backend::postgres::PostgresStore;
+/// use calm::store::{PutOptions, Store};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), calm::store::StoreError> {
+/// let store = PostgresStore::connect("postgres://calm@127.0.0.1:5432/calm").await?;
+/// let _ = store.put(b"greeting", b"hello", PutOptions::new()).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pub(super) pool: Pool,
+    pub(super) shared: Arc<Shared>,
+}
+
+/// What every clone of a store shares.
+pub(super) struct Shared {
+    /// The statements of this store's schema.
+    pub sql: Arc<Sql>,
+    /// Woken on every notification from the listener.
+    pub changed: Notify,
+    /// Events to keep.
+    pub history: u64,
+    /// Where writes queue for the committers; dropping it (with the last
+    /// store handle) ends them once they have answered what they hold.
+    queue: Queue,
+    /// The listener and the reaper, stopped on drop.
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().map(std::mem::take).unwrap_or_default();
+        for t in tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A PostgreSQL error with the server's message (tokio-postgres displays
+/// database errors only as "db error").
+#[derive(Debug)]
+struct PgError(tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(f, "postgres: {} ({})", db.message(), db.code().code()),
+            None => write!(f, "postgres: {}", self.0),
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // The client error's own source (an I/O error); the client error
+        // itself says what this one already says.
+        std::error::Error::source(&self.0)
+    }
+}
+
+/// Maps a client error to a store error. `sent` marks a write whose
+/// statement reached the server, whose outcome is unknown if the
+/// connection then broke.
+pub(super) fn pg_error(e: tokio_postgres::Error, sent: bool) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    // The statement failed and its transaction rolled back, on a
+    // connection that still works: nothing was written, and trying again
+    // may succeed.
+    let aborted = [
+        SqlState::T_R_SERIALIZATION_FAILURE,
+        SqlState::T_R_DEADLOCK_DETECTED,
+        SqlState::LOCK_NOT_AVAILABLE,
+        SqlState::QUERY_CANCELED,
+        SqlState::TOO_MANY_CONNECTIONS,
+        SqlState::CANNOT_CONNECT_NOW,
+    ];
+    let code = e.code().cloned();
+    // The server ended the session, or the connection broke.
+    let lost = e.is_closed()
+        || code.is_none()
+        || code
+            .as_ref()
+            .is_some_and(|c| c.code().starts_with("08") || c.code().starts_with("57P"));
+    let source: BoxError = Box::new(PgError(e));
+    if code.as_ref().is_some_and(|c| aborted.contains(c)) {
+        return StoreError::Unavailable { source };
+    }
+    match (lost, sent) {
+        (true, true) => StoreError::Indeterminate { source },
+        (true, false) => StoreError::Unavailable { source },
+        (false, _) => StoreError::Backend { source },
+    }
+}
+
+/// A pool failure happens before anything is sent.
+pub(super) fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Closed => StoreError::Closed,
+        PoolError::Backend(e) => pg_error(e, false),
+        other => StoreError::Unavailable {
+            source: Box::new(other),
+        },
+    }
+}
+
+fn err(e: tokio_postgres::Error) -> StoreError {
+    pg_error(e, false)
+}
+
+pub(super) fn version(v: i64) -> Version {
+    Version::new(u64::try_from(v).unwrap_or(0))
+}
+
+fn rev_param(v: Version) -> i64 {
+    i64::try_from(v.get()).unwrap_or(i64::MAX)
+}
+
+/// A key from six columns starting at `at`: key, value, create and mod
+/// revisions, writes, lease.
+pub(super) fn kv_of_columns(row: &Row, at: usize) -> KeyValue {
+    let lease: Option<i64> = row.get(at + 5);
+    KeyValue::new(
+        row.get(at),
+        row.get(at + 1),
+        version(row.get(at + 2)),
+        version(row.get(at + 3)),
+        u64::try_from(row.get::<_, i64>(at + 4)).unwrap_or(0),
+        lease.map(LeaseId::new),
+    )
+}
+
+/// The session settings calm puts on each of its connections: the server
+/// ends a transaction left idle (nothing of calm's is, but a pooled
+/// connection must never keep a lock because its process froze) and a
+/// lock wait that lasts too long, instead of waiting for ever.
+const SESSION: &str = "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000";
+
+impl PostgresStore {
+    /// Connects with default options (schema `calm`).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_with`](Self::connect_with).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; dropped while migrating, the migration's transaction
+    /// rolls back.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(PostgresOptions::new(url)).await
+    }
+
+    /// Connects, creates or upgrades the schema, and starts the committers,
+    /// the listener and the lease reaper.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidEndpoint`] for an invalid schema name or URL,
+    /// [`StoreError::Unavailable`] if the database cannot be reached, a
+    /// backend error creating the schema.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (it spawns its background tasks).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; dropped while migrating, the migration's transaction
+    /// rolls back.
+    pub async fn connect_with(options: PostgresOptions) -> Result<Self, StoreError> {
+        if options.schema.is_empty()
+            || options.schema.len() > 40
+            || !options
+                .schema
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(StoreError::InvalidEndpoint {
+                endpoint: options.schema,
+                source: "schema names are 1-40 ASCII letters, digits or underscores".into(),
+            });
+        }
+        let mut config: tokio_postgres::Config =
+            options
+                .url
+                .parse()
+                .map_err(|e| StoreError::InvalidEndpoint {
+                    endpoint: options.url.clone(),
+                    source: Box::new(e),
+                })?;
+        let session = match config.get_options() {
+            Some(own) if !own.is_empty() => format!("{own} {SESSION}"),
+            _ => SESSION.to_string(),
+        };
+        config.options(&session);
+        if config.get_application_name().is_none() {
+            config.application_name("calm");
+        }
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .build()
+            .map_err(|e| StoreError::InvalidEndpoint {
+                endpoint: options.url.clone(),
+                source: Box::new(e),
+            })?;
+        let sql = Arc::new(Sql::new(&options.schema));
+        migrate(&pool, &sql).await?;
+        let (queue, committers) = batch::spawn(pool.clone(), Arc::clone(&sql), options.committers);
+        drop(committers);
+        let shared = Arc::new(Shared {
+            sql,
+            changed: Notify::new(),
+            history: options.history.max(1),
+            queue,
+            tasks: std::sync::Mutex::new(Vec::new()),
+        });
+        let store = Self { pool, shared };
+        let listener = tokio::spawn(tasks::listen(config, Arc::downgrade(&store.shared)));
+        let reaper = tokio::spawn(tasks::reap(
+            store.pool.clone(),
+            Arc::downgrade(&store.shared),
+        ));
+        if let Ok(mut tasks) = store.shared.tasks.lock() {
+            tasks.push(listener);
+            tasks.push(reaper);
+        }
+        Ok(store)
+    }
+
+    /// Creates the schema, its tables and functions if they do not exist,
+    /// and replaces the functions with this version's (safe to run
+    /// concurrently; serialised by an advisory lock). [`connect_with`]
+    /// runs it; call it yourself after changing calm's version while
+    /// stores stay connected.
+    ///
+    /// [`connect_with`]: Self::connect_with
+    ///
+    /// # Errors
+    ///
+    /// A backend error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the migration is one transaction.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate(&self.pool, &self.shared.sql).await
+    }
+
+    /// Closes the pool: later calls fail with [`StoreError::Closed`].
+    /// Writes already sent finish.
+    pub fn close(&self) {
+        self.pool.close();
+        if let Ok(mut tasks) = self.shared.tasks.lock() {
+            for t in tasks.drain(..) {
+                t.abort();
+            }
+        }
+    }
+
+    fn sql(&self) -> &Sql {
+        &self.shared.sql
+    }
+
+    /// Queues one request for the committers and waits for its outcome.
+    async fn submit(
+        &self,
+        compares: Vec<Compare>,
+        success: Vec<TxnOp>,
+        failure: Vec<TxnOp>,
+    ) -> Result<Reply, StoreError> {
+        if self.pool.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            compares,
+            success,
+            failure,
+            reply,
+        };
+        self.shared
+            .queue
+            .send(request)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Indeterminate {
+                source: "the committer stopped before answering".into(),
+            })
+        })
+    }
+
+    /// A single-key write: `write` if `expect` holds, else a read of the
+    /// key.
+    async fn write_one(
+        &self,
+        key: &[u8],
+        expect: Expect,
+        write: TxnOp,
+    ) -> Result<WriteOutcome, StoreError> {
+        let reply = self
+            .submit(expect.to_compares(key), vec![write], vec![TxnOp::get(key)])
+            .await?;
+        let result = reply.results.into_iter().next();
+        Ok(if reply.succeeded {
+            let prev = match result {
+                Some(TxnOpResult::Put { prev } | TxnOpResult::Delete { prev }) => prev,
+                _ => None,
+            };
+            WriteOutcome::Committed {
+                revision: reply.revision,
+                prev,
+            }
+        } else {
+            let current = match result {
+                Some(TxnOpResult::Get { kv }) => kv,
+                _ => None,
+            };
+            WriteOutcome::Conflict { current }
+        })
+    }
+}
+
+async fn migrate(pool: &Pool, sql: &Sql) -> Result<(), StoreError> {
+    let mut client = pool.get().await.map_err(pool_error)?;
+    let tx = client.transaction().await.map_err(err)?;
+    tx.batch_execute(&sql.migrate).await.map_err(err)?;
+    tx.commit().await.map_err(|e| pg_error(e, true))
+}
+
+impl Store for PostgresStore {
+    type Watch = PostgresWatch;
+
+    async fn revision(&self) -> Result<Version, StoreError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().revision)
+            .await
+            .map_err(err)?;
+        let row = client.query_one(&statement, &[]).await.map_err(err)?;
+        Ok(version(row.get(0)))
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
+        check_key(key)?;
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client.prepare_cached(&self.sql().get).await.map_err(err)?;
+        let row = client.query_opt(&statement, &[&key]).await.map_err(err)?;
+        Ok(row.as_ref().map(|r| kv_of_columns(r, 0)))
+    }
+
+    async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
+        let end = prefix_end(prefix);
+        let fetch = limit.map_or(i64::MAX, |l| {
+            i64::try_from(l).unwrap_or(i64::MAX).saturating_add(1)
+        });
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().range)
+            .await
+            .map_err(err)?;
+        // One statement, one snapshot: the keys and the revision agree.
+        let rows = client
+            .query(&statement, &[&prefix, &end, &fetch])
+            .await
+            .map_err(err)?;
+        let revision = rows.first().map_or(0, |r| r.get::<_, i64>(0));
+        let mut kvs: Vec<KeyValue> = rows
+            .iter()
+            .filter(|r| r.get::<_, Option<Vec<u8>>>(1).is_some())
+            .map(|r| kv_of_columns(r, 1))
+            .collect();
+        let more = limit.is_some_and(|l| kvs.len() > l);
+        if let Some(l) = limit {
+            kvs.truncate(l);
+        }
+        Ok(RangeResult::new(kvs, more, version(revision)))
+    }
+
+    async fn put(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        options: PutOptions,
+    ) -> Result<WriteOutcome, StoreError> {
+        check_key(key)?;
+        check_value(value)?;
+        let write = TxnOp::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease: options.lease,
+        };
+        self.write_one(key, options.expect, write).await
+    }
+
+    async fn delete(&self, key: &[u8], expect: Expect) -> Result<WriteOutcome, StoreError> {
+        check_key(key)?;
+        self.write_one(key, expect, TxnOp::delete(key)).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
+        txn.check()?;
+        let reply = self.submit(txn.compares, txn.success, txn.failure).await?;
+        Ok(TxnOutcome::new(
+            reply.succeeded,
+            reply.revision,
+            reply.results,
+        ))
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant, StoreError> {
+        let ms = ttl_ms(ttl)?;
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().grant)
+            .await
+            .map_err(err)?;
+        let row = client
+            .query_one(&statement, &[&ms])
+            .await
+            .map_err(|e| pg_error(e, true))?;
+        Ok(LeaseGrant::new(
+            LeaseId::new(row.get(0)),
+            Duration::from_millis(ms.unsigned_abs()),
+        ))
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().keep_alive)
+            .await
+            .map_err(err)?;
+        let row = client
+            .query_opt(&statement, &[&lease.get()])
+            .await
+            .map_err(err)?;
+        match row {
+            Some(r) => Ok(Duration::from_millis(r.get::<_, i64>(0).unsigned_abs())),
+            None => Err(StoreError::LeaseNotFound { lease }),
+        }
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().revoke)
+            .await
+            .map_err(err)?;
+        let row = client
+            .query_one(&statement, &[&lease.get()])
+            .await
+            .map_err(|e| pg_error(e, true))?;
+        if row.get::<_, bool>(0) {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseNotFound { lease })
+        }
+    }
+
+    async fn time_to_live(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().time_to_live)
+            .await
+            .map_err(err)?;
+        let row = client
+            .query_opt(&statement, &[&lease.get()])
+            .await
+            .map_err(err)?;
+        match row {
+            Some(r) => Ok(Duration::from_millis(
+                r.get::<_, i64>(0).max(0).unsigned_abs(),
+            )),
+            None => Err(StoreError::LeaseNotFound { lease }),
+        }
+    }
+
+    async fn compact(&self, revision: Version) -> Result<(), StoreError> {
+        compact(&self.pool, self.sql(), rev_param(revision)).await
+    }
+
+    async fn watch(&self, span: KeySpan, from: Version) -> Result<PostgresWatch, StoreError> {
+        if let KeySpan::Key(k) = &span {
+            check_key(k)?;
+        }
+        let (revision, compacted) = marks(&self.pool, self.sql()).await?;
+        let next = if from == Version::ZERO {
+            revision + 1
+        } else {
+            rev_param(from)
+        };
+        if next <= compacted {
+            return Err(StoreError::Compacted {
+                requested: from,
+                first_kept: version(compacted + 1),
+            });
+        }
+        Ok(PostgresWatch {
+            inner: PolledWatch::new(self.clone(), span, next.unsigned_abs()),
+        })
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> Result<i64, StoreError> {
+    if ttl.is_zero() {
+        return Err(StoreError::InvalidTtl {
+            reason: "a lease needs a positive time to live",
+        });
+    }
+    // Whole milliseconds, rounded up so a lease never lives less than asked.
+    let ms = ttl.as_nanos().div_ceil(1_000_000);
+    i64::try_from(ms).map_err(|_| StoreError::InvalidTtl {
+        reason: "time to live too large",
+    })
+}
+
+/// The store revision and the highest compacted revision.
+pub(super) async fn marks(pool: &Pool, sql: &Sql) -> Result<(i64, i64), StoreError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    let statement = client.prepare_cached(&sql.marks).await.map_err(err)?;
+    let row = client.query_one(&statement, &[]).await.map_err(err)?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Drops events up to `upto` (capped at the current revision).
+pub(super) async fn compact(pool: &Pool, sql: &Sql, upto: i64) -> Result<(), StoreError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    let statement = client.prepare_cached(&sql.compact).await.map_err(err)?;
+    client
+        .execute(&statement, &[&upto])
+        .await
+        .map(|_| ())
+        .map_err(|e| pg_error(e, true))
+}
+
+/// Revisions one watch read covers at most (bounding the rows fetched).
+const WATCH_WINDOW: i64 = 1_000;
+
+impl History for PostgresStore {
+    fn changed(&self) -> &Notify {
+        &self.shared.changed
+    }
+
+    async fn read(
+        &self,
+        span: &KeySpan,
+        next: &mut u64,
+        out: &mut VecDeque<WatchEvent>,
+    ) -> Result<(), StoreError> {
+        let from = i64::try_from(*next).unwrap_or(i64::MAX);
+        let (start, prefix, end): (&[u8], bool, Option<Vec<u8>>) = match span {
+            KeySpan::Key(k) => (k, false, None),
+            KeySpan::Prefix(p) => (p, true, prefix_end(p)),
+        };
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.sql().events)
+            .await
+            .map_err(err)?;
+        let rows = client
+            .query(&statement, &[&from, &WATCH_WINDOW, &start, &prefix, &end])
+            .await
+            .map_err(err)?;
+        let Some(first) = rows.first() else {
+            return Ok(());
+        };
+        let (revision, compacted): (i64, i64) = (first.get(0), first.get(1));
+        if from <= compacted {
+            return Err(StoreError::Compacted {
+                requested: Version::new(*next),
+                first_kept: version(compacted + 1),
+            });
+        }
+        if from > revision {
+            return Ok(());
+        }
+        for row in &rows {
+            let Some(r) = row.get::<_, Option<i64>>(2) else {
+                continue;
+            };
+            let key: Vec<u8> = row.get(3);
+            let event = if row.get::<_, i16>(4) == 1 {
+                WatchEvent::deleted(key, version(r))
+            } else {
+                let lease: Option<i64> = row.get(8);
+                WatchEvent::new(
+                    EventKind::Put,
+                    KeyValue::new(
+                        key,
+                        row.get(5),
+                        version(row.get(6)),
+                        version(r),
+                        u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
+                        lease.map(LeaseId::new),
+                    ),
+                )
+            };
+            out.push_back(event);
+        }
+        *next = revision
+            .min(from.saturating_add(WATCH_WINDOW))
+            .unsigned_abs()
+            + 1;
+        Ok(())
+    }
+
+    fn poll_interval(&self) -> Option<Duration> {
+        // A notification sent while the listener reconnects is lost; the
+        // events are not, and a read at least every second finds them.
+        Some(Duration::from_secs(1))
+    }
+
+    fn resumes_after(&self, error: &StoreError) -> bool {
+        // A broken connection or a restarting server: read again from the
+        // same revision once it is back.
+        matches!(
+            error,
+            StoreError::Unavailable { .. } | StoreError::Indeterminate { .. }
+        )
+    }
+}
+
+/// A watch on a [`PostgresStore`]: reads `events` from the next revision
+/// it has not delivered, woken by `LISTEN` and re-reading at least every
+/// second regardless. It outlives connection failures and server restarts
+/// (reading again from where it was, so nothing is skipped or repeated);
+/// it ends when its history is compacted under it or the store is closed.
+pub struct PostgresWatch {
+    inner: PolledWatch<PostgresStore>,
+}
+
+impl std::fmt::Debug for PostgresWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresWatch").finish_non_exhaustive()
+    }
+}
+
+impl Watch for PostgresWatch {
+    async fn next(&mut self) -> Result<WatchEvent, StoreError> {
+        self.inner.next().await
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.shared.sql.schema)
+            .finish_non_exhaustive()
+    }
+}

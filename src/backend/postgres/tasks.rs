@@ -1,0 +1,88 @@
+//! The background tasks of a [`PostgresStore`](super::PostgresStore): the
+//! `LISTEN` connection that wakes watches, and the lease reaper. Both hold
+//! only a weak reference to the store and end with it.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio_postgres::NoTls;
+
+use super::store::{Shared, compact, marks, pg_error, pool_error};
+use crate::store::StoreError;
+
+/// Holds a `LISTEN` connection and wakes watchers on notifications;
+/// reconnects after failures (watches re-read every second meanwhile).
+pub(super) async fn listen(config: tokio_postgres::Config, shared: Weak<Shared>) {
+    loop {
+        let Some(channel) = shared.upgrade().map(|s| s.sql.channel.clone()) else {
+            return;
+        };
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            let sql = format!("LISTEN {channel}");
+            let listen = client.batch_execute(&sql);
+            let drive = async {
+                loop {
+                    match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                        Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                            match shared.upgrade() {
+                                Some(s) => s.changed.notify_waiters(),
+                                None => return,
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return,
+                    }
+                }
+            };
+            let (listened, ()) = tokio::join!(listen, drive);
+            let _ = listened;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How often the reaper looks for expired leases. A lease therefore ends
+/// (its keys deleted, watchers told) at most this long after its deadline
+/// by the database clock; reads and writes treat its keys as gone from
+/// the deadline itself.
+const REAP_EVERY: Duration = Duration::from_millis(100);
+
+/// Reaps expired leases (one cheap indexed probe when none has expired)
+/// and trims history beyond the configured length, every
+/// [`REAP_EVERY`]. Writes never wait for it: it is one server-side call
+/// that takes the store-wide lock only when a lease has expired.
+pub(super) async fn reap(pool: Pool, shared: Weak<Shared>) {
+    let mut round: u32 = 0;
+    loop {
+        tokio::time::sleep(REAP_EVERY).await;
+        round = round.wrapping_add(1);
+        let Some(s) = shared.upgrade() else {
+            return;
+        };
+        let sql = Arc::clone(&s.sql);
+        let history = i64::try_from(s.history).unwrap_or(i64::MAX);
+        drop(s);
+        let reaped = async {
+            let client = pool.get().await.map_err(pool_error)?;
+            let statement = client
+                .prepare_cached(&sql.reap)
+                .await
+                .map_err(|e| pg_error(e, false))?;
+            client
+                .execute(&statement, &[])
+                .await
+                .map_err(|e| pg_error(e, true))?;
+            Ok::<(), StoreError>(())
+        };
+        // A failure (the server restarting) is retried next round.
+        let _ = reaped.await;
+        if round % 10 == 0 {
+            if let Ok((revision, compacted)) = marks(&pool, &sql).await {
+                if revision - compacted > history.saturating_mul(2) {
+                    let _ = compact(&pool, &sql, revision - history).await;
+                }
+            }
+        }
+    }
+}
