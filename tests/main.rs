@@ -13,5 +13,7 @@ mod fuzz_seeds;
 mod harness;
 mod laws;
 mod serde_input;
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+mod server_faults;
 mod store;
 mod text;

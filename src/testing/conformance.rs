@@ -787,72 +787,126 @@ pub async fn merge_into_concurrent<S: Store + Clone + 'static>(c: &Case<S>) -> C
 /// creates and deletes on three keys; the recorded history must be
 /// linearizable.
 pub async fn linearizable<S: Store + Clone + 'static>(c: &Case<S>) -> CheckResult {
-    const CLIENTS: usize = 8;
+    let keys = (0..3).map(|i| c.key(&format!("lin/{i}"))).collect();
+    let history = record_history(c.store.clone(), keys, 8, c.ops_per_client, None).await?;
+    check_history(&history)
+}
+
+/// Checks a history recorded by [`record_history`] with a one-minute
+/// deadline; a timeout is a failure too.
+///
+/// # Errors
+///
+/// The violating key's operations (the first 40), or the timeout.
+pub fn check_history(history: &[Operation]) -> CheckResult {
+    match linearizability::check(history, Duration::from_secs(60)) {
+        Verdict::Linearizable => Ok(()),
+        Verdict::Unknown => Err(format!("checker timed out on {} operations", history.len())),
+        Verdict::Violation { key, operations } => Err(format!(
+            "history of key {key} is not linearizable ({} operations): {:?}",
+            operations.len(),
+            &operations[..operations.len().min(40)]
+        )),
+    }
+}
+
+/// Records the history of `clients` concurrent clients issuing random
+/// reads, writes, compare-and-sets, creates and deletes on `keys`, each
+/// until it has completed `ops_per_client` operations or `until` passes.
+///
+/// Built to run while a fault is injected: a write that fails with
+/// [`StoreError::Indeterminate`] is recorded with an
+/// [`Unknown`](KvOutput::Unknown) outcome (it may or may not have applied),
+/// and an operation that fails with [`StoreError::Unavailable`] is left
+/// out (nothing was applied) after a short pause.
+///
+/// # Errors
+///
+/// Any other store error, or a client that panicked.
+pub async fn record_history<S: Store + Clone + 'static>(
+    store: S,
+    keys: Vec<Vec<u8>>,
+    clients: usize,
+    ops_per_client: usize,
+    until: Option<Instant>,
+) -> Result<Vec<Operation>, String> {
     let origin = Instant::now();
-    let per = c.ops_per_client;
-    let keys: Arc<Vec<Vec<u8>>> = Arc::new((0..3).map(|i| c.key(&format!("lin/{i}"))).collect());
-    let tasks: Vec<_> = (0..CLIENTS)
+    let keys = Arc::new(keys);
+    let tasks: Vec<_> = (0..clients)
         .map(|client| {
-            let (s, keys) = (c.store.clone(), Arc::clone(&keys));
+            let (s, keys) = (store.clone(), Arc::clone(&keys));
             tokio::spawn(async move {
-                let mut history = Vec::with_capacity(per);
+                let mut history = Vec::with_capacity(ops_per_client.min(4096));
                 let mut last_seen: BTreeMap<usize, u64> = BTreeMap::new();
                 let mut rng = (client as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                for seq in 0..per {
+                let n = keys.len() as u64;
+                let mut seq = 0;
+                while seq < ops_per_client && until.is_none_or(|u| Instant::now() < u) {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    let key = (rng % 3) as usize;
+                    let key = (rng % n) as usize;
                     let k = &keys[key];
                     let value = (client * 1_000_000 + seq) as u64;
+                    seq += 1;
                     let call = origin.elapsed().as_nanos() as u64;
-                    let (input, output) = match (rng >> 8) % 10 {
+                    let (input, result) = match (rng >> 8) % 10 {
                         0..=2 => {
-                            let kv = s.get(k).await?;
-                            if let Some(kv) = &kv {
-                                last_seen.insert(key, kv.mod_revision.get());
-                            }
-                            (
-                                KvInput::Get,
+                            let result = s.get(k).await.map(|kv| {
+                                if let Some(kv) = &kv {
+                                    last_seen.insert(key, kv.mod_revision.get());
+                                }
                                 KvOutput::Value(
                                     kv.map(|kv| (decode_u64(&kv.value), kv.mod_revision.get())),
-                                ),
-                            )
+                                )
+                            });
+                            (KvInput::Get, result)
                         }
                         3..=4 => {
-                            let o = s.put(k, &value.to_be_bytes(), PutOptions::new()).await?;
-                            (KvInput::Put(value), write_output(&o))
+                            let o = s.put(k, &value.to_be_bytes(), PutOptions::new()).await;
+                            (KvInput::Put(value), o.map(|o| write_output(&o)))
                         }
                         5..=7 => {
                             let expected = last_seen.get(&key).copied().unwrap_or(1);
+                            let expect = Expect::Version(Version::new(expected));
                             let o = s
                                 .put(
                                     k,
                                     &value.to_be_bytes(),
-                                    PutOptions::new()
-                                        .with_expect(Expect::Version(Version::new(expected))),
+                                    PutOptions::new().with_expect(expect),
                                 )
-                                .await?;
-                            (KvInput::CompareAndSet { expected, value }, write_output(&o))
+                                .await;
+                            (
+                                KvInput::CompareAndSet { expected, value },
+                                o.map(|o| write_output(&o)),
+                            )
                         }
                         8 => {
-                            let o = s
-                                .put(
-                                    k,
-                                    &value.to_be_bytes(),
-                                    PutOptions::new().with_expect(Expect::Absent),
-                                )
-                                .await?;
-                            (KvInput::Create(value), write_output(&o))
+                            let expect = PutOptions::new().with_expect(Expect::Absent);
+                            let o = s.put(k, &value.to_be_bytes(), expect).await;
+                            (KvInput::Create(value), o.map(|o| write_output(&o)))
                         }
                         _ => {
-                            let o = s.delete(k, Expect::Any).await?;
-                            let existed =
-                                matches!(o, WriteOutcome::Committed { prev: Some(_), .. });
-                            (KvInput::Delete, KvOutput::Deleted(existed))
+                            let o = s.delete(k, Expect::Any).await.map(|o| {
+                                KvOutput::Deleted(matches!(
+                                    o,
+                                    WriteOutcome::Committed { prev: Some(_), .. }
+                                ))
+                            });
+                            (KvInput::Delete, o)
                         }
                     };
-                    let ret = origin.elapsed().as_nanos() as u64;
+                    let (output, ret) = match result {
+                        Ok(output) => (output, origin.elapsed().as_nanos() as u64),
+                        Err(StoreError::Indeterminate { .. }) if input != KvInput::Get => {
+                            (KvOutput::Unknown, u64::MAX)
+                        }
+                        Err(StoreError::Unavailable { .. } | StoreError::Indeterminate { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
                     if rng % 3 == 0 {
                         // Interleave clients more than the scheduler would.
                         tokio::task::yield_now().await;
@@ -878,15 +932,7 @@ pub async fn linearizable<S: Store + Clone + 'static>(c: &Case<S>) -> CheckResul
                 .map_err(|e| format!("client: {e}"))?,
         );
     }
-    match linearizability::check(&history, Duration::from_secs(60)) {
-        Verdict::Linearizable => Ok(()),
-        Verdict::Unknown => Err(format!("checker timed out on {} operations", history.len())),
-        Verdict::Violation { key, operations } => Err(format!(
-            "history of key {key} is not linearizable ({} operations): {:?}",
-            operations.len(),
-            &operations[..operations.len().min(40)]
-        )),
-    }
+    Ok(history)
 }
 
 /// The next watch event, or a failure if none comes within 10 seconds.

@@ -83,6 +83,12 @@ pub enum KvOutput {
     Conflict,
     /// A delete's result: whether a key was there to delete.
     Deleted(bool),
+    /// A write whose outcome the client never learned (its connection
+    /// broke after sending it: the store said
+    /// [`Indeterminate`](crate::store::StoreError::Indeterminate)). It may
+    /// have taken effect at any instant after its call, or never; record
+    /// it with `ret: u64::MAX`.
+    Unknown,
 }
 
 /// One completed operation of a history.
@@ -119,29 +125,76 @@ pub enum Verdict {
     Unknown,
 }
 
+/// A key's revision in the sequential model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Rev {
+    /// Known exactly.
+    Exactly(u64),
+    /// Written by an operation whose answer was lost: only known to be
+    /// above this.
+    Above(u64),
+}
+
+impl Rev {
+    /// The revision, or its lower bound.
+    fn floor(self) -> u64 {
+        match self {
+            Rev::Exactly(r) | Rev::Above(r) => r,
+        }
+    }
+
+    /// Whether the revision may be `r`.
+    fn may_be(self, r: u64) -> bool {
+        match self {
+            Rev::Exactly(x) => x == r,
+            Rev::Above(lo) => r > lo,
+        }
+    }
+}
+
 /// A key's state in the sequential model: `(value, revision)` or absent.
-type State = Option<(u64, u64)>;
+type State = Option<(u64, Rev)>;
 
 /// Applies one operation to the sequential model: the next state, or
-/// `None` if a sequential store could not have answered `output`.
+/// `None` if a sequential store could not have answered `output`. An
+/// operation with an [`KvOutput::Unknown`] answer is given its successful
+/// effect here (the search may also leave it out, which is its failure or
+/// its never arriving).
 fn step(state: State, input: KvInput, output: KvOutput) -> Option<State> {
-    let rev = state.map_or(0, |(_, r)| r);
+    let floor = state.map_or(0, |(_, r)| r.floor());
     match (input, output) {
-        (KvInput::Get, KvOutput::Value(v)) => (v == state).then_some(state),
-        (KvInput::Put(v), KvOutput::Written(r)) => (r > rev).then_some(Some((v, r))),
-        (KvInput::CompareAndSet { expected, value }, KvOutput::Written(r)) => {
-            (state.is_some() && rev == expected && r > rev).then_some(Some((value, r)))
+        (KvInput::Get, KvOutput::Value(v)) => match (state, v) {
+            (None, None) => Some(None),
+            (Some((x, rev)), Some((y, r))) if x == y && rev.may_be(r) => {
+                Some(Some((x, Rev::Exactly(r))))
+            }
+            _ => None,
+        },
+        (KvInput::Put(v), KvOutput::Written(r)) => {
+            (r > floor).then_some(Some((v, Rev::Exactly(r))))
         }
-        (KvInput::CompareAndSet { expected, .. }, KvOutput::Conflict) => {
-            (state.is_none() || rev != expected).then_some(state)
-        }
+        (KvInput::Put(v), KvOutput::Unknown) => Some(Some((v, Rev::Above(floor)))),
+        (KvInput::CompareAndSet { expected, value }, KvOutput::Written(r)) => state
+            .is_some_and(|(_, rev)| rev.may_be(expected) && r > expected)
+            .then_some(Some((value, Rev::Exactly(r)))),
+        (KvInput::CompareAndSet { expected, value }, KvOutput::Unknown) => state
+            .is_some_and(|(_, rev)| rev.may_be(expected))
+            .then_some(Some((value, Rev::Above(expected)))),
+        (KvInput::CompareAndSet { expected, .. }, KvOutput::Conflict) => match state {
+            None | Some((_, Rev::Above(_))) => Some(state),
+            Some((_, Rev::Exactly(r))) => (r != expected).then_some(state),
+        },
         (KvInput::Create(v), KvOutput::Written(r)) => {
-            (state.is_none() && r > rev).then_some(Some((v, r)))
+            (state.is_none() && r > 0).then_some(Some((v, Rev::Exactly(r))))
+        }
+        (KvInput::Create(v), KvOutput::Unknown) => {
+            state.is_none().then_some(Some((v, Rev::Above(0))))
         }
         (KvInput::Create(_), KvOutput::Conflict) => state.is_some().then_some(state),
         (KvInput::Delete, KvOutput::Deleted(existed)) => {
             (existed == state.is_some()).then_some(None)
         }
+        (KvInput::Delete, KvOutput::Unknown) => Some(None),
         _ => None,
     }
 }
@@ -240,8 +293,12 @@ fn check_key(ops: &[Operation], deadline: Instant) -> Option<bool> {
     let mut state: State = None;
     let mut entry = next[0];
     let mut steps = 0u32;
+    // Operations whose outcome is unknown need not be linearized: the
+    // search is done when every other one is.
+    let required = ops.iter().filter(|o| o.output != KvOutput::Unknown).count();
+    let mut placed = 0usize;
 
-    while next[0] != usize::MAX {
+    while next[0] != usize::MAX && placed < required {
         steps += 1;
         if steps % 256 == 0 && Instant::now() > deadline {
             return None;
@@ -253,6 +310,9 @@ fn check_key(ops: &[Operation], deadline: Instant) -> Option<bool> {
             };
             state = saved;
             let op = nodes[call].op;
+            if ops[op].output != KvOutput::Unknown {
+                placed -= 1;
+            }
             linearized[op / 64] &= !(1 << (op % 64));
             relink(&mut next, &mut prev, ret_node[op]);
             relink(&mut next, &mut prev, call);
@@ -266,6 +326,9 @@ fn check_key(ops: &[Operation], deadline: Instant) -> Option<bool> {
                 let mut lin = linearized.clone();
                 lin[ev.op / 64] |= 1 << (ev.op % 64);
                 if seen.insert((lin.clone(), new_state)) {
+                    if o.output != KvOutput::Unknown {
+                        placed += 1;
+                    }
                     stack.push((entry, state));
                     state = new_state;
                     linearized = lin;
@@ -284,6 +347,9 @@ fn check_key(ops: &[Operation], deadline: Instant) -> Option<bool> {
             };
             state = saved;
             let op = nodes[call].op;
+            if ops[op].output != KvOutput::Unknown {
+                placed -= 1;
+            }
             linearized[op / 64] &= !(1 << (op % 64));
             relink(&mut next, &mut prev, ret_node[op]);
             relink(&mut next, &mut prev, call);
@@ -404,6 +470,39 @@ mod tests {
             start.elapsed()
         );
         assert_eq!(v, Verdict::Unknown);
+    }
+
+    /// A write whose answer was lost may have taken effect (a later read
+    /// sees it) or not (a later read does not), but a read cannot see a
+    /// value nobody wrote, nor a lost write take effect twice.
+    #[test]
+    fn unknown_outcomes() {
+        let lost = op(0, 0, u64::MAX, KvInput::Put(7), KvOutput::Unknown);
+        for seen in [None, Some((7, 4))] {
+            let h = [lost, op(1, 5, 6, KvInput::Get, KvOutput::Value(seen))];
+            assert_eq!(check(&h, T), Verdict::Linearizable, "{seen:?}");
+        }
+        let h = [
+            lost,
+            op(1, 5, 6, KvInput::Get, KvOutput::Value(Some((8, 4)))),
+        ];
+        assert!(matches!(check(&h, T), Verdict::Violation { .. }));
+        let h = [
+            lost,
+            op(1, 5, 6, KvInput::Get, KvOutput::Value(Some((7, 4)))),
+            op(1, 7, 8, KvInput::Get, KvOutput::Value(None)),
+        ];
+        assert!(matches!(check(&h, T), Verdict::Violation { .. }));
+        // A lost compare-and-set and a successful one from the same
+        // version: the lost one cannot have taken effect after the winner.
+        let cas = |expected, value| KvInput::CompareAndSet { expected, value };
+        let h = [
+            op(0, 0, 1, KvInput::Put(1), KvOutput::Written(1)),
+            op(1, 2, u64::MAX, cas(1, 2), KvOutput::Unknown),
+            op(2, 3, 4, cas(1, 3), KvOutput::Written(5)),
+            op(2, 6, 7, KvInput::Get, KvOutput::Value(Some((2, 6)))),
+        ];
+        assert!(matches!(check(&h, T), Verdict::Violation { .. }));
     }
 
     /// A sequential history of all operation kinds is accepted.

@@ -150,6 +150,26 @@ impl ServerProcess {
         }
     }
 
+    /// Sends `signal` to the server process and to the processes it
+    /// started (PostgreSQL's backends are processes of their own, so
+    /// freezing the whole server means stopping each of them). The parent
+    /// is signalled first, so it starts no new child meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// The error of the `kill(2)` call on the server process (its children
+    /// may exit on their own at any time; their errors are ignored).
+    pub fn signal_all(&self, signal: Signal) -> std::io::Result<()> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        send_signal(pid, signal)?;
+        for child in children_of(pid) {
+            let _ = send_signal(child, signal);
+        }
+        Ok(())
+    }
+
     /// Kills the process and the processes it started (SIGKILL, as a crash
     /// of the server's machine would), and reaps it. PostgreSQL's backends
     /// put themselves in sessions of their own, so they are found by parent
