@@ -59,6 +59,37 @@ impl Version {
     pub const fn prev(self) -> Self {
         Self(self.0.saturating_sub(1))
     }
+
+    /// A version from a signed 64-bit integer, as databases and etcd keep
+    /// revisions (PostgreSQL's `bigint`, etcd's `int64`). A negative
+    /// number, which no store hands out, reads as zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::occ::Version;
+    ///
+    /// assert_eq!(Version::from_i64(42), Version::new(42));
+    /// assert_eq!(Version::from_i64(-1), Version::ZERO);
+    /// assert_eq!(Version::new(u64::MAX).to_i64(), i64::MAX);
+    /// ```
+    pub const fn from_i64(v: i64) -> Self {
+        if v < 0 {
+            Self(0)
+        } else {
+            Self(v.unsigned_abs())
+        }
+    }
+
+    /// The version as a signed 64-bit integer, saturating at `i64::MAX`
+    /// (2^63 writes away).
+    pub const fn to_i64(self) -> i64 {
+        if self.0 > i64::MAX as u64 {
+            i64::MAX
+        } else {
+            self.0 as i64
+        }
+    }
 }
 
 impl fmt::Display for Version {

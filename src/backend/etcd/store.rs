@@ -205,27 +205,19 @@ fn with_lease(e: StoreError, lease: LeaseId) -> StoreError {
     }
 }
 
-fn version(v: i64) -> Version {
-    Version::new(u64::try_from(v).unwrap_or(0))
-}
-
-fn rev(v: Version) -> i64 {
-    i64::try_from(v.get()).unwrap_or(i64::MAX)
-}
-
 fn kv(k: PbKeyValue) -> KeyValue {
     KeyValue::new(
         k.key,
         k.value,
-        version(k.create_revision),
-        version(k.mod_revision),
+        Version::from_i64(k.create_revision),
+        Version::from_i64(k.mod_revision),
         u64::try_from(k.version).unwrap_or(0),
         (k.lease != 0).then(|| LeaseId::new(k.lease)),
     )
 }
 
 fn header_revision(h: Option<&PbResponseHeader>) -> Version {
-    version(h.map_or(0, |h| h.revision))
+    Version::from_i64(h.map_or(0, |h| h.revision))
 }
 
 /// The key and range end that select a prefix (the empty prefix is every
@@ -252,10 +244,10 @@ fn compare(c: &Compare) -> PbCompare {
     let (target, union) = match &c.target {
         CompareTarget::CreateRevision(v) => (
             PbCompareTarget::Create,
-            PbTargetUnion::CreateRevision(rev(*v)),
+            PbTargetUnion::CreateRevision(v.to_i64()),
         ),
         CompareTarget::ModRevision(v) => {
-            (PbCompareTarget::Mod, PbTargetUnion::ModRevision(rev(*v)))
+            (PbCompareTarget::Mod, PbTargetUnion::ModRevision(v.to_i64()))
         }
         CompareTarget::Writes(n) => (
             PbCompareTarget::Version,
@@ -440,7 +432,7 @@ impl EtcdStore {
             let readable = self
                 .range_request(PbRangeRequest {
                     key: vec![0],
-                    revision: rev(Version::new(mid)),
+                    revision: Version::new(mid).to_i64(),
                     count_only: true,
                     ..PbRangeRequest::default()
                 })
@@ -710,7 +702,7 @@ impl Store for EtcdStore {
             return Ok(());
         }
         let request = PbCompactionRequest {
-            revision: rev(upto),
+            revision: upto.to_i64(),
             physical: true,
         };
         match self
@@ -748,7 +740,7 @@ impl Store for EtcdStore {
                     "/etcdserverpb.KV/Range",
                     PbRangeRequest {
                         key: key.clone(),
-                        revision: rev(from),
+                        revision: from.to_i64(),
                         count_only: true,
                         ..PbRangeRequest::default()
                     },
@@ -775,7 +767,7 @@ impl Store for EtcdStore {
             request_union: Some(PbWatchRequestUnion::Create(PbWatchCreateRequest {
                 key,
                 range_end,
-                start_revision: rev(from),
+                start_revision: from.to_i64(),
             })),
         };
         // The receiver is alive (it is moved into the stream just below).
@@ -838,7 +830,7 @@ impl EtcdWatch {
             if r.compact_revision > 0 {
                 return Err(StoreError::Compacted {
                     requested: self.from,
-                    first_kept: version(r.compact_revision),
+                    first_kept: Version::from_i64(r.compact_revision),
                 });
             }
             return Err(StoreError::Backend {
@@ -848,7 +840,7 @@ impl EtcdWatch {
         for e in r.events {
             let Some(k) = e.kv else { continue };
             let event = if e.r#type == PbEventType::Delete as i32 {
-                WatchEvent::deleted(k.key, version(k.mod_revision))
+                WatchEvent::deleted(k.key, Version::from_i64(k.mod_revision))
             } else {
                 WatchEvent::new(EventKind::Put, kv(k))
             };

@@ -19,9 +19,10 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::sql::Sql;
-use super::store::{kv_of_columns, pg_error, pool_error, version};
+use super::store::{kv_of_columns, query};
 use crate::occ::Version;
 use crate::store::{Compare, CompareOp, CompareTarget, LeaseId, StoreError, TxnOp, TxnOpResult};
 
@@ -219,23 +220,13 @@ async fn run(
             o_lease.push(lease);
         }
     }
-    let client = pool.get().await.map_err(pool_error)?;
-    let statement = client
-        .prepare_cached(&sql.apply)
-        .await
-        .map_err(|e| pg_error(e, false))?;
-    let rows = client
-        .query(
-            &statement,
-            &[
-                &n_cmp, &n_ok, &n_else, &c_key, &c_target, &c_op, &c_num, &c_val, &o_kind, &o_key,
-                &o_val, &o_lease,
-            ],
-        )
-        .await
-        // The call is one autocommit statement: a connection lost while
-        // it runs leaves its commit unknown.
-        .map_err(|e| pg_error(e, true))?;
+    let params: [&(dyn ToSql + Sync); 12] = [
+        &n_cmp, &n_ok, &n_else, &c_key, &c_target, &c_op, &c_num, &c_val, &o_kind, &o_key, &o_val,
+        &o_lease,
+    ];
+    // The call is one autocommit statement: a connection lost while it
+    // runs leaves its commit unknown.
+    let rows = query(pool, &sql.apply, &params, true).await?;
     Ok(split(batch, &rows))
 }
 
@@ -262,7 +253,7 @@ fn split(batch: &[Request], rows: &[Row]) -> Vec<Result<Reply, StoreError>> {
             } else {
                 Ok(Reply {
                     succeeded: row.get(2),
-                    revision: version(row.get(3)),
+                    revision: Version::from_i64(row.get(3)),
                     results: Vec::new(),
                 })
             };

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use tokio::sync::{Notify, oneshot};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::batch::{self, Queue, Reply, Request};
@@ -204,12 +205,29 @@ fn err(e: tokio_postgres::Error) -> StoreError {
     pg_error(e, false)
 }
 
-pub(super) fn version(v: i64) -> Version {
-    Version::new(u64::try_from(v).unwrap_or(0))
+/// Runs one of a store's statements, prepared once per pooled connection
+/// (a cached statement runs in one round trip), and returns its rows.
+/// `write` marks a statement that writes: if the connection breaks once it
+/// is sent, its outcome is unknown.
+pub(super) async fn query(
+    pool: &Pool,
+    statement: &str,
+    params: &[&(dyn ToSql + Sync)],
+    write: bool,
+) -> Result<Vec<Row>, StoreError> {
+    let client = pool.get().await.map_err(pool_error)?;
+    let prepared = client.prepare_cached(statement).await.map_err(err)?;
+    client
+        .query(&prepared, params)
+        .await
+        .map_err(|e| pg_error(e, write))
 }
 
-fn rev_param(v: Version) -> i64 {
-    i64::try_from(v.get()).unwrap_or(i64::MAX)
+/// The first row of a statement that always returns one.
+fn one(rows: Vec<Row>) -> Result<Row, StoreError> {
+    rows.into_iter().next().ok_or_else(|| StoreError::Backend {
+        source: "the statement returned no row".into(),
+    })
 }
 
 /// A key from six columns starting at `at`: key, value, create and mod
@@ -219,8 +237,8 @@ pub(super) fn kv_of_columns(row: &Row, at: usize) -> KeyValue {
     KeyValue::new(
         row.get(at),
         row.get(at + 1),
-        version(row.get(at + 2)),
-        version(row.get(at + 3)),
+        Version::from_i64(row.get(at + 2)),
+        Version::from_i64(row.get(at + 3)),
         u64::try_from(row.get::<_, i64>(at + 4)).unwrap_or(0),
         lease.map(LeaseId::new),
     )
@@ -436,21 +454,14 @@ impl Store for PostgresStore {
     type Watch = PostgresWatch;
 
     async fn revision(&self) -> Result<Version, StoreError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().revision)
-            .await
-            .map_err(err)?;
-        let row = client.query_one(&statement, &[]).await.map_err(err)?;
-        Ok(version(row.get(0)))
+        let row = one(query(&self.pool, &self.sql().revision, &[], false).await?)?;
+        Ok(Version::from_i64(row.get(0)))
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
         check_key(key)?;
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client.prepare_cached(&self.sql().get).await.map_err(err)?;
-        let row = client.query_opt(&statement, &[&key]).await.map_err(err)?;
-        Ok(row.as_ref().map(|r| kv_of_columns(r, 0)))
+        let rows = query(&self.pool, &self.sql().get, &[&key], false).await?;
+        Ok(rows.first().map(|r| kv_of_columns(r, 0)))
     }
 
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
@@ -458,16 +469,9 @@ impl Store for PostgresStore {
         let fetch = limit.map_or(i64::MAX, |l| {
             i64::try_from(l).unwrap_or(i64::MAX).saturating_add(1)
         });
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().range)
-            .await
-            .map_err(err)?;
         // One statement, one snapshot: the keys and the revision agree.
-        let rows = client
-            .query(&statement, &[&prefix, &end, &fetch])
-            .await
-            .map_err(err)?;
+        let params: [&(dyn ToSql + Sync); 3] = [&prefix, &end, &fetch];
+        let rows = query(&self.pool, &self.sql().range, &params, false).await?;
         let revision = rows.first().map_or(0, |r| r.get::<_, i64>(0));
         let mut kvs: Vec<KeyValue> = rows
             .iter()
@@ -478,7 +482,7 @@ impl Store for PostgresStore {
         if let Some(l) = limit {
             kvs.truncate(l);
         }
-        Ok(RangeResult::new(kvs, more, version(revision)))
+        Ok(RangeResult::new(kvs, more, Version::from_i64(revision)))
     }
 
     async fn put(
@@ -514,15 +518,7 @@ impl Store for PostgresStore {
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant, StoreError> {
         let ms = ttl_ms(ttl)?;
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().grant)
-            .await
-            .map_err(err)?;
-        let row = client
-            .query_one(&statement, &[&ms])
-            .await
-            .map_err(|e| pg_error(e, true))?;
+        let row = one(query(&self.pool, &self.sql().grant, &[&ms], true).await?)?;
         Ok(LeaseGrant::new(
             LeaseId::new(row.get(0)),
             Duration::from_millis(ms.unsigned_abs()),
@@ -530,31 +526,15 @@ impl Store for PostgresStore {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().keep_alive)
-            .await
-            .map_err(err)?;
-        let row = client
-            .query_opt(&statement, &[&lease.get()])
-            .await
-            .map_err(err)?;
-        match row {
+        let rows = query(&self.pool, &self.sql().keep_alive, &[&lease.get()], false).await?;
+        match rows.first() {
             Some(r) => Ok(Duration::from_millis(r.get::<_, i64>(0).unsigned_abs())),
             None => Err(StoreError::LeaseNotFound { lease }),
         }
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().revoke)
-            .await
-            .map_err(err)?;
-        let row = client
-            .query_one(&statement, &[&lease.get()])
-            .await
-            .map_err(|e| pg_error(e, true))?;
+        let row = one(query(&self.pool, &self.sql().revoke, &[&lease.get()], true).await?)?;
         if row.get::<_, bool>(0) {
             Ok(())
         } else {
@@ -563,16 +543,8 @@ impl Store for PostgresStore {
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().time_to_live)
-            .await
-            .map_err(err)?;
-        let row = client
-            .query_opt(&statement, &[&lease.get()])
-            .await
-            .map_err(err)?;
-        match row {
+        let rows = query(&self.pool, &self.sql().time_to_live, &[&lease.get()], false).await?;
+        match rows.first() {
             Some(r) => Ok(Duration::from_millis(
                 r.get::<_, i64>(0).max(0).unsigned_abs(),
             )),
@@ -581,7 +553,7 @@ impl Store for PostgresStore {
     }
 
     async fn compact(&self, revision: Version) -> Result<(), StoreError> {
-        compact(&self.pool, self.sql(), rev_param(revision)).await
+        compact(&self.pool, self.sql(), revision.to_i64()).await
     }
 
     async fn watch(&self, span: KeySpan, from: Version) -> Result<PostgresWatch, StoreError> {
@@ -592,12 +564,12 @@ impl Store for PostgresStore {
         let next = if from == Version::ZERO {
             revision + 1
         } else {
-            rev_param(from)
+            from.to_i64()
         };
         if next <= compacted {
             return Err(StoreError::Compacted {
                 requested: from,
-                first_kept: version(compacted + 1),
+                first_kept: Version::from_i64(compacted + 1),
             });
         }
         Ok(PostgresWatch {
@@ -621,21 +593,13 @@ fn ttl_ms(ttl: Duration) -> Result<i64, StoreError> {
 
 /// The store revision and the highest compacted revision.
 pub(super) async fn marks(pool: &Pool, sql: &Sql) -> Result<(i64, i64), StoreError> {
-    let client = pool.get().await.map_err(pool_error)?;
-    let statement = client.prepare_cached(&sql.marks).await.map_err(err)?;
-    let row = client.query_one(&statement, &[]).await.map_err(err)?;
+    let row = one(query(pool, &sql.marks, &[], false).await?)?;
     Ok((row.get(0), row.get(1)))
 }
 
 /// Drops events up to `upto` (capped at the current revision).
 pub(super) async fn compact(pool: &Pool, sql: &Sql, upto: i64) -> Result<(), StoreError> {
-    let client = pool.get().await.map_err(pool_error)?;
-    let statement = client.prepare_cached(&sql.compact).await.map_err(err)?;
-    client
-        .execute(&statement, &[&upto])
-        .await
-        .map(|_| ())
-        .map_err(|e| pg_error(e, true))
+    query(pool, &sql.compact, &[&upto], true).await.map(drop)
 }
 
 /// Revisions one watch read covers at most (bounding the rows fetched).
@@ -657,15 +621,8 @@ impl History for PostgresStore {
             KeySpan::Key(k) => (k, false, None),
             KeySpan::Prefix(p) => (p, true, prefix_end(p)),
         };
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql().events)
-            .await
-            .map_err(err)?;
-        let rows = client
-            .query(&statement, &[&from, &WATCH_WINDOW, &start, &prefix, &end])
-            .await
-            .map_err(err)?;
+        let params: [&(dyn ToSql + Sync); 5] = [&from, &WATCH_WINDOW, &start, &prefix, &end];
+        let rows = query(&self.pool, &self.sql().events, &params, false).await?;
         let Some(first) = rows.first() else {
             return Ok(());
         };
@@ -673,7 +630,7 @@ impl History for PostgresStore {
         if from <= compacted {
             return Err(StoreError::Compacted {
                 requested: Version::new(*next),
-                first_kept: version(compacted + 1),
+                first_kept: Version::from_i64(compacted + 1),
             });
         }
         if from > revision {
@@ -685,7 +642,7 @@ impl History for PostgresStore {
             };
             let key: Vec<u8> = row.get(3);
             let event = if row.get::<_, i16>(4) == 1 {
-                WatchEvent::deleted(key, version(r))
+                WatchEvent::deleted(key, Version::from_i64(r))
             } else {
                 let lease: Option<i64> = row.get(8);
                 WatchEvent::new(
@@ -693,8 +650,8 @@ impl History for PostgresStore {
                     KeyValue::new(
                         key,
                         row.get(5),
-                        version(row.get(6)),
-                        version(r),
+                        Version::from_i64(row.get(6)),
+                        Version::from_i64(r),
                         u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
                         lease.map(LeaseId::new),
                     ),

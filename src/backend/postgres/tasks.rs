@@ -8,8 +8,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_postgres::NoTls;
 
-use super::store::{Shared, compact, marks, pg_error, pool_error};
-use crate::store::StoreError;
+use super::store::{Shared, compact, marks, query};
 
 /// Holds a `LISTEN` connection and wakes watchers on notifications;
 /// reconnects after failures (watches re-read every second meanwhile).
@@ -63,20 +62,8 @@ pub(super) async fn reap(pool: Pool, shared: Weak<Shared>) {
         let sql = Arc::clone(&s.sql);
         let history = i64::try_from(s.history).unwrap_or(i64::MAX);
         drop(s);
-        let reaped = async {
-            let client = pool.get().await.map_err(pool_error)?;
-            let statement = client
-                .prepare_cached(&sql.reap)
-                .await
-                .map_err(|e| pg_error(e, false))?;
-            client
-                .execute(&statement, &[])
-                .await
-                .map_err(|e| pg_error(e, true))?;
-            Ok::<(), StoreError>(())
-        };
         // A failure (the server restarting) is retried next round.
-        let _ = reaped.await;
+        let _ = query(&pool, &sql.reap, &[], true).await;
         if round % 10 == 0 {
             if let Ok((revision, compacted)) = marks(&pool, &sql).await {
                 if revision - compacted > history.saturating_mul(2) {
