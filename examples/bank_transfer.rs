@@ -23,8 +23,9 @@ async fn transfer(
     to: &[u8],
     amount: i64,
 ) -> Result<bool, StoreError> {
-    let policy = RetryPolicy::default().with_max_attempts(100);
-    for attempt in 0..policy.max_attempts() {
+    let policy = RetryPolicy::default();
+    let mut attempts = policy.start();
+    loop {
         let (a, b) = (store.get(from).await?, store.get(to).await?);
         let (a, b) = (a.expect("account exists"), b.expect("account exists"));
         let (bal_a, bal_b) = (parse(&a.value), parse(&b.value));
@@ -43,11 +44,9 @@ async fn transfer(
         if store.txn(txn).await?.succeeded {
             return Ok(true);
         }
-        tokio::time::sleep(policy.backoff(attempt)).await;
+        // Someone else moved money meanwhile: back off, read again.
+        attempts.retry().await.map_err(StoreError::Contention)?;
     }
-    Err(StoreError::Contention(calm::occ::RetryExhausted::new(
-        policy.max_attempts(),
-    )))
 }
 
 fn parse(bytes: &[u8]) -> i64 {

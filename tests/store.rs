@@ -32,6 +32,7 @@ conformance_tests!(
     watch_from_revision,
     watch_compacted,
     merge_into_concurrent,
+    typed_update_contention,
     linearizable,
 );
 
@@ -39,7 +40,7 @@ conformance_tests!(
 /// be forgotten by backends that run the whole suite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_all_passes() {
-    assert_eq!(conformance::checks::<MemoryStore>().len(), 12);
+    assert_eq!(conformance::checks::<MemoryStore>().len(), 13);
     conformance::run_all(&MemoryFixture).await.unwrap();
 }
 

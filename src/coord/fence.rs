@@ -206,6 +206,7 @@ impl<S: Store> StoreFence<S> {
         let mut bound = token.to_bytes().to_vec();
         bound.push(0);
         let mut expect_absent = false;
+        let started = std::time::Instant::now();
         // Each lost round means another writer changed the fence key in
         // between (created it, or raised it to at most our token): bounded.
         for _ in 0..FENCE_ROUNDS {
@@ -235,7 +236,7 @@ impl<S: Store> StoreFence<S> {
                 _ => expect_absent = true,
             }
         }
-        Err(StoreError::Contention(RetryExhausted::new(FENCE_ROUNDS)).into())
+        Err(StoreError::Contention(RetryExhausted::new(FENCE_ROUNDS, started.elapsed())).into())
     }
 
     /// A fenced single put.

@@ -130,7 +130,7 @@ pub(crate) async fn wait_turn<S: Store + Clone + 'static>(
     lease: &Lease<S>,
     retry: &RetryPolicy,
 ) -> Result<(), CoordError> {
-    let mut failures = 0u32;
+    let mut attempts = retry.start();
     loop {
         lease.check()?;
         match wait_step(store, prefix, ticket, lease).await {
@@ -138,15 +138,13 @@ pub(crate) async fn wait_turn<S: Store + Clone + 'static>(
                 verify(store, ticket).await?;
                 return Ok(());
             }
-            Ok(false) => failures = 0,
+            Ok(false) => attempts = retry.start(),
             Err(CoordError::Store(e))
                 if e.is_retryable() || matches!(e, StoreError::Compacted { .. }) =>
             {
-                if failures + 1 >= retry.max_attempts() {
+                if attempts.retry().await.is_err() {
                     return Err(e.into());
                 }
-                retry.sleep(failures).await;
-                failures += 1;
             }
             Err(e) => return Err(e),
         }

@@ -176,18 +176,15 @@ impl<T> VersionedCell<T> {
         policy: &RetryPolicy,
         mut f: impl FnMut(&T) -> T,
     ) -> Result<Version, RetryExhausted> {
-        for attempt in 0..policy.max_attempts() {
+        let mut attempts = policy.start();
+        loop {
             let seen = self.current.load();
             let next = f(seen.value());
             match self.set_if_current(&seen, seen.version(), next) {
                 Ok(v) => return Ok(v),
-                Err(_) if attempt + 1 < policy.max_attempts() => policy.sleep_blocking(attempt),
-                Err(_) => {}
+                Err(_) => attempts.retry_now()?,
             }
         }
-        Err(RetryExhausted {
-            attempts: policy.max_attempts(),
-        })
     }
 }
 

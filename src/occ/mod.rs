@@ -41,5 +41,5 @@ mod retry;
 mod version;
 
 pub use cell::{Conflict, Snapshot, VersionedCell};
-pub use retry::{RetryExhausted, RetryPolicy};
+pub use retry::{Attempts, RetryExhausted, RetryPolicy};
 pub use version::{Version, Versioned};

@@ -64,13 +64,15 @@ mod error;
 mod ext;
 mod memory;
 mod polled;
+mod typed;
 mod types;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
 pub use error::{BoxError, StoreError};
-pub use ext::{MERGE_RETRY, StoreExt, Typed};
+pub use ext::{MERGE_RETRY, StoreExt};
 pub use memory::{MemoryStore, MemoryStoreOptions, MemoryWatch};
 pub(crate) use polled::{History, PolledWatch};
+pub use typed::{Entry, Typed, TypedEvent, TypedWatch, UpdateError, Updated};
 pub(crate) use types::prefix_end;
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId,

@@ -37,7 +37,7 @@ use crate::occ::Version;
 use crate::store::{
     Compare, CompareOp, EventKind, Expect, KeySpan, MAX_KEY_LEN, MAX_VALUE_LEN, ManualClock,
     MemoryStore, MemoryStoreOptions, PutOptions, Store, StoreError, StoreExt, Txn, TxnOp,
-    TxnOpResult, Watch, WriteOutcome,
+    TxnOpResult, Typed, UpdateError, Watch, WriteOutcome,
 };
 
 /// How a case moves the store's time forward.
@@ -177,6 +177,9 @@ pub fn checks<S: Store + Clone + 'static>() -> Vec<(&'static str, CheckFn<S>)> {
         ("watch_compacted", |c| Box::pin(watch_compacted(c))),
         ("merge_into_concurrent", |c| {
             Box::pin(merge_into_concurrent(c))
+        }),
+        ("typed_update_contention", |c| {
+            Box::pin(typed_update_contention(c))
         }),
         ("linearizable", |c| Box::pin(linearizable(c))),
     ]
@@ -780,6 +783,57 @@ pub async fn merge_into_concurrent<S: Store + Clone + 'static>(c: &Case<S>) -> C
         total.value(),
         8 * per
     );
+    Ok(())
+}
+
+/// Sixteen writers update one typed key ten times each under the default
+/// retry policy: every update gets through, none is lost; a fallible update
+/// that refuses writes nothing.
+pub async fn typed_update_contention<S: Store + Clone + 'static>(c: &Case<S>) -> CheckResult {
+    const WRITERS: u64 = 16;
+    const EACH: u64 = 10;
+    let key = c.key("typed/counter");
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let (typed, key) = (Typed::<S, u64>::new(c.store.clone()), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..EACH {
+                    let u = typed.update(&key, |n| n.copied().unwrap_or(0) + 1).await?;
+                    assert!(u.written && u.attempts >= 1);
+                }
+                Ok::<(), StoreError>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await
+            .map_err(|e| format!("writer panicked: {e}"))?
+            .map_err(|e| format!("update gave up under the default policy: {e}"))?;
+    }
+    let typed = Typed::<S, u64>::new(c.store.clone());
+    let total = *store(typed.get(&key).await, "get")?
+        .ok_or("counter missing")?
+        .value();
+    if total != WRITERS * EACH {
+        return Err(format!("{total} of {} updates kept", WRITERS * EACH));
+    }
+    let before = store(c.store.get(&key).await, "get")?;
+    let refused = typed
+        .try_update(&key, |n| Err::<Option<u64>, _>(n.copied()))
+        .await;
+    if !matches!(refused, Err(UpdateError::Refused(Some(n))) if n == total) {
+        return Err(format!("a refusing update returned {refused:?}"));
+    }
+    let declined = typed
+        .try_update(&key, |_| Ok::<_, ()>(None))
+        .await
+        .map_err(|e| format!("declined update: {e:?}"))?;
+    if declined.written || declined.version != before.as_ref().map(|kv| kv.mod_revision) {
+        return Err(format!("a declined update reported {declined:?}"));
+    }
+    if store(c.store.get(&key).await, "get")? != before {
+        return Err("a refused or declined update changed the key".into());
+    }
     Ok(())
 }
 
