@@ -132,15 +132,27 @@ pub enum Figure {
     Bytes(usize),
     /// A dimensionless factor.
     Factor(f64),
+    /// A throughput, as the wall time per operation (1 / throughput, in
+    /// seconds, so a smaller figure is better as with [`Figure::Time`]);
+    /// shown with the operations per second and, when measured, the
+    /// per-operation latency p50 and p99 (seconds).
+    Throughput {
+        /// Wall seconds per operation over all tasks.
+        per_op: f64,
+        /// Latency p50 and p99 of one operation.
+        latency: Option<(f64, f64)>,
+    },
 }
 
 impl Figure {
-    /// The figure as a number (seconds or bytes).
+    /// The figure as a number (seconds or bytes; a throughput's seconds
+    /// per operation).
     pub fn value(self) -> f64 {
         match self {
             Figure::Time(secs) => secs,
             Figure::Bytes(b) => b as f64,
             Figure::Factor(x) => x,
+            Figure::Throughput { per_op, .. } => per_op,
         }
     }
 }
@@ -154,6 +166,19 @@ impl std::fmt::Display for Figure {
             Figure::Bytes(b) if b >= 10_000 => write!(f, "{:.1} KiB", b as f64 / 1024.0),
             Figure::Bytes(b) => write!(f, "{b} B"),
             Figure::Factor(x) => write!(f, "{x:.2}×"),
+            Figure::Throughput { per_op, latency } => {
+                let rate = 1.0 / per_op;
+                write!(f, "{} (", Figure::Time(per_op))?;
+                if rate >= 1e4 {
+                    write!(f, "{:.1} k/s", rate / 1e3)?;
+                } else {
+                    write!(f, "{rate:.0}/s")?;
+                }
+                if let Some((p50, p99)) = latency {
+                    write!(f, "; p50 {}, p99 {}", Figure::Time(p50), Figure::Time(p99))?;
+                }
+                write!(f, ")")
+            }
         }
     }
 }
@@ -196,9 +221,12 @@ pub fn markdown(rows: &[Row]) -> String {
     out
 }
 
-/// A ratio with two decimals, or three significant digits when small.
+/// A ratio with two decimals, or three significant digits when small; a
+/// dash when the peer's figure was zero.
 pub fn format_ratio(r: f64) -> String {
-    if r >= 0.1 {
+    if !r.is_finite() {
+        "—".into()
+    } else if r >= 0.1 {
         format!("{r:.2}")
     } else {
         format!("{r:.1e}")

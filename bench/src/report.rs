@@ -8,15 +8,12 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::backend::ScalePoint;
 use crate::harness::{Row, format_ratio, markdown};
 
 /// A point of the contention curve: threads, then ns per update for the
 /// cell, std's mutex and parking_lot's.
 type CurvePoint = (usize, f64, f64, f64);
-
-/// How to read the backend table (what the raw side is, and the noise of
-/// one connection's round trip on a small VM).
-const BACKEND_NOTE: &str = "The raw side is the floor, not an equivalent: a calm write on PostgreSQL takes seven round trips (begin, the store-wide revision lock, lease reaping, the read behind `Expect`, the write with its watch event, the new revision with its `NOTIFY`, commit) where the raw upsert takes one. On a 2-core VM one connection's round trip ranges from about 20 to 70 µs with where the OS runs its server process (two raw connections measured 22 and 69 µs on the same query in one run), so PostgreSQL ratios within about 3× are not significant. etcd's model is calm's, so there the ratio is calm's own overhead.";
 
 /// One suite's title, command and rows.
 struct Section {
@@ -77,6 +74,7 @@ fn machine() -> String {
 /// Runs everything and writes the report.
 pub fn run() -> Vec<Row> {
     let mut sections = Vec::new();
+    let mut scaling = Vec::new();
     for (title, suite) in [
         ("CRDTs against `crdts`", "crdt"),
         ("Optimistic concurrency against locks and maps", "occ"),
@@ -97,7 +95,11 @@ pub fn run() -> Vec<Row> {
             "occ" => crate::occ::run(),
             "coord" => crate::coord::run(),
             "adapt" => crate::adapt::run(),
-            "backend" => crate::backend::run(),
+            "backend" => {
+                let (rows, points) = crate::backend::run_with_scaling();
+                scaling = points;
+                rows
+            }
             _ => crate::text::run(None),
         };
         sections.push(Section { title, suite, rows });
@@ -132,6 +134,16 @@ pub fn run() -> Vec<Row> {
                 let _ = writeln!(md, "![local replay time per trace](bench/plots/{file})\n");
             }
         }
+        if s.suite == "backend" && !scaling.is_empty() {
+            let file = "scaling-backend.svg";
+            if scaling_plot(&scaling, &plots.join(file)).is_ok() {
+                let _ = writeln!(
+                    md,
+                    "![throughput against tasks, calm and raw](bench/plots/{file})\n"
+                );
+            }
+            let _ = writeln!(md, "{}", crate::backend::scaling_table(&scaling));
+        }
         if s.suite == "occ" {
             let file = "contention.svg";
             if contention_plot(&curve, &plots.join(file)).is_ok() {
@@ -160,7 +172,7 @@ pub fn run() -> Vec<Row> {
             let _ = writeln!(md, "{table}");
         }
         if s.suite == "backend" {
-            let _ = writeln!(md, "{BACKEND_NOTE}\n");
+            let _ = writeln!(md, "{}\n", crate::backend::note());
         }
         md.push_str(&markdown(&s.rows));
         md.push('\n');
@@ -302,6 +314,146 @@ fn contention_plot(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// Throughput against tasks, one panel per backend: per operation, calm
+/// as a solid line with filled dots and the raw client dashed with hollow
+/// dots, on a log2 task axis and a log throughput axis. The legend has a
+/// column of its own so it never hides a line.
+pub(crate) fn scaling_plot(
+    points: &[ScalePoint],
+    path: &Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut backends: Vec<&str> = Vec::new();
+    let mut ops: Vec<&str> = Vec::new();
+    for p in points {
+        if !backends.contains(&p.backend) {
+            backends.push(p.backend);
+        }
+        if !ops.contains(&p.op) {
+            ops.push(p.op);
+        }
+    }
+    if backends.is_empty() {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (plots, legend) = root.split_horizontally(1000);
+    let panels = plots.split_evenly((1, backends.len()));
+    let max_tasks = points.iter().map(|p| p.tasks).max().unwrap_or(1) as f64;
+    let measured: Vec<usize> = points.iter().map(|p| p.tasks).collect();
+    // One colour per operation, distinct in print and for the usual colour
+    // blindness (blue, vermilion, bluish green).
+    let colours = [
+        RGBColor(0, 114, 178),
+        RGBColor(213, 94, 0),
+        RGBColor(0, 158, 115),
+    ];
+    let colour = |i: usize| colours.get(i).copied().unwrap_or(BLACK).to_rgba();
+    for (panel, backend) in panels.iter().zip(&backends) {
+        let mine: Vec<&ScalePoint> = points.iter().filter(|p| p.backend == *backend).collect();
+        let rates = || mine.iter().flat_map(|p| [p.calm, p.raw]);
+        let hi = rates().fold(1.0, f64::max) * 1.6;
+        let lo = rates().filter(|r| *r > 0.0).fold(hi, f64::min) / 1.6;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("{backend}: throughput against tasks"),
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(65)
+            .build_cartesian_2d(-0.3f64..max_tasks.log2() + 0.3, (lo..hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("tasks (log scale)")
+            .y_desc("operations per second (log scale)")
+            .x_labels(max_tasks.log2() as usize + 1)
+            // Labels only at the task counts measured.
+            .x_label_formatter(&|x| {
+                let tasks = 2f64.powf(x.round()) as usize;
+                if (x - x.round()).abs() < 1e-6 && measured.contains(&tasks) {
+                    tasks.to_string()
+                } else {
+                    String::new()
+                }
+            })
+            // The log axis's fine lines would shade whole decades grey.
+            .light_line_style(TRANSPARENT)
+            .y_label_formatter(&|y| rate_label(*y))
+            .draw()?;
+        for (i, op) in ops.iter().enumerate() {
+            let color = colour(i);
+            let line = |side: fn(&ScalePoint) -> f64| -> Vec<(f64, f64)> {
+                mine.iter()
+                    .filter(|p| p.op == *op)
+                    .map(|p| ((p.tasks as f64).log2(), side(p)))
+                    .collect()
+            };
+            let calm = line(|p| p.calm);
+            let raw = line(|p| p.raw);
+            chart.draw_series(LineSeries::new(calm.clone(), color.stroke_width(3)))?;
+            chart.draw_series(calm.iter().map(|&c| Circle::new(c, 4, color.filled())))?;
+            chart.draw_series(DashedLineSeries::new(
+                raw.clone(),
+                8,
+                5,
+                color.stroke_width(2),
+            ))?;
+            chart.draw_series(
+                raw.iter()
+                    .map(|&c| Circle::new(c, 4, WHITE.filled()))
+                    .chain(
+                        raw.iter()
+                            .map(|&c| Circle::new(c, 4, color.stroke_width(2))),
+                    ),
+            )?;
+        }
+    }
+    legend.draw(&Text::new("calm: solid", (10, 40), ("sans-serif", 14)))?;
+    legend.draw(&Text::new(
+        "raw client: dashed",
+        (10, 60),
+        ("sans-serif", 14),
+    ))?;
+    for (i, op) in ops.iter().enumerate() {
+        let color = colour(i);
+        for (j, side) in ["calm", "raw"].into_iter().enumerate() {
+            let y = 100 + 44 * i as i32 + 20 * j as i32;
+            if side == "calm" {
+                legend.draw(&PathElement::new(
+                    vec![(10, y + 6), (40, y + 6)],
+                    color.stroke_width(3),
+                ))?;
+            } else {
+                for x in [10, 22, 34] {
+                    legend.draw(&PathElement::new(
+                        vec![(x, y + 6), (x + 7, y + 6)],
+                        color.stroke_width(2),
+                    ))?;
+                }
+            }
+            legend.draw(&Text::new(
+                format!("{side} {op}"),
+                (48, y),
+                ("sans-serif", 13),
+            ))?;
+        }
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// An axis label for operations per second: `800`, `2k`, `15k`, `1.5M`.
+fn rate_label(y: f64) -> String {
+    if y >= 1e6 {
+        format!("{}M", axis_number(y / 1e6))
+    } else if y >= 1e3 {
+        format!("{}k", axis_number(y / 1e3))
+    } else {
+        axis_number(y)
+    }
 }
 
 /// One bar of a ratio plot: calm / peer, with the range it spans when it
@@ -528,6 +680,9 @@ mod tests {
         assert_eq!(axis_number(2.0), "2");
         assert_eq!(axis_number(0.0005), "5e-4");
         assert_eq!(axis_number(0.125), "0.125");
+        assert_eq!(rate_label(2000.0), "2k");
+        assert_eq!(rate_label(1_500_000.0), "1.5M");
+        assert_eq!(rate_label(800.0), "800");
     }
 
     #[test]
@@ -543,7 +698,28 @@ mod tests {
             &dir.join("curve.svg"),
         )
         .unwrap();
-        for f in ["text.svg", "ratios.svg", "rows.svg", "curve.svg"] {
+        let mut points = Vec::new();
+        for (backend, scale) in [("PostgreSQL", 1.0), ("etcd", 0.5)] {
+            for op in ["get", "put", "compare-and-set"] {
+                for tasks in [1, 4, 16, 64] {
+                    points.push(ScalePoint {
+                        backend,
+                        op,
+                        tasks,
+                        calm: 1000.0 * scale * (tasks as f64).sqrt(),
+                        raw: 3000.0 * scale * (tasks as f64).sqrt(),
+                    });
+                }
+            }
+        }
+        scaling_plot(&points, &dir.join("scaling.svg")).unwrap();
+        for f in [
+            "text.svg",
+            "ratios.svg",
+            "rows.svg",
+            "curve.svg",
+            "scaling.svg",
+        ] {
             let svg = std::fs::read_to_string(dir.join(f)).unwrap();
             assert!(svg.starts_with("<svg") && svg.contains("<rect"), "{f}");
         }

@@ -1,0 +1,284 @@
+//! The suite: starts the servers, runs the comparisons and turns them into
+//! rows and the points of the scaling plot.
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::Duration;
+
+use calm::backend::etcd::EtcdStore;
+use calm::backend::postgres::{PostgresOptions, PostgresStore};
+use calm::testing::servers::{EtcdServer, PostgresServer};
+use tokio::runtime::Runtime;
+
+use super::load::{
+    CalmProbe, CalmWorker, MAX_TASKS, Summary, TASKS, WATCH_SAMPLES, interleaved, preload,
+    watch_latency,
+};
+use super::{Op, Probe, Worker, etcd, postgres};
+use crate::harness::{Figure, Row, time_row};
+
+/// One point of the scaling plot: median throughputs of one operation at
+/// one task count.
+#[derive(Debug, Clone)]
+pub struct ScalePoint {
+    /// `"PostgreSQL"` or `"etcd"`.
+    pub backend: &'static str,
+    /// The operation's name.
+    pub op: &'static str,
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// calm's operations per second.
+    pub calm: f64,
+    /// The raw client's operations per second.
+    pub raw: f64,
+}
+
+/// The scaled operations, in row order.
+const OPS: [Op; 3] = [Op::Get, Op::Put, Op::Cas];
+
+/// How to read the backend rows, with the pool size calm ran with.
+pub fn note() -> String {
+    let pool = PostgresOptions::new("").pool_size;
+    format!(
+        "Each task count's rows come from 1, 4, 16 or 64 Tokio tasks on a 2-worker runtime, each \
+         doing one operation after another on 16 keys of its own (64-byte values), for five \
+         0.6 s rounds per side with calm and raw rounds alternating. A `1/throughput` row shows \
+         the median round's wall time per operation, so its last column is raw ops/s ÷ calm \
+         ops/s and below 1 favours calm as in every other table; the brackets give the ops/s and \
+         the latency p50 and p99 of one operation over all five rounds. The one-key row is 64 \
+         tasks looping read-then-compare-and-set on one key, timed per successful write. The \
+         watch rows time {WATCH_SAMPLES} changes per side from the writer's acknowledgement to \
+         the watcher's event, counted as zero when the event arrives first (a bare `NOTIFY` often \
+         reaches its listener before the notifier reads its own reply; the last column is then \
+         a dash); a third row times from sending the write, which includes the write itself. \
+         calm runs one `PostgresStore` with its default pool ({pool} \
+         connections) or one `EtcdStore` cloned per task; raw PostgreSQL is one `tokio-postgres` \
+         connection per task with prepared statements on a plain table (no revision, no history, \
+         no notification), raw etcd one shared `etcd-client`. The raw side is the floor, not an \
+         equivalent: a calm write on PostgreSQL also takes the store-wide revision, which \
+         serialises writers as etcd's are, appends a watch event and notifies watchers. etcd's \
+         model is calm's, so there the ratio is calm's own overhead. On a 2-core VM the servers, \
+         the clients and the bench share both cores."
+    )
+}
+
+/// Runs the suite alone: the rows, a summary of the scaling on stderr, and
+/// the scaling plot under `target/calm-bench/` (the report draws it into
+/// `bench/plots/`).
+pub fn run() -> Vec<Row> {
+    let (rows, points) = run_with_scaling();
+    eprintln!("{}", scaling_table(&points));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/calm-bench");
+    let path = dir.join("scaling-backend.svg");
+    let drawn = std::fs::create_dir_all(&dir)
+        .map_err(Into::into)
+        .and_then(|()| crate::report::scaling_plot(&points, &path));
+    match drawn {
+        Ok(()) => eprintln!("backend: drew {}", path.display()),
+        Err(e) => eprintln!("backend: could not draw {}: {e}", path.display()),
+    }
+    rows
+}
+
+/// Runs every comparison on the servers that can be started; returns the
+/// rows and the scaling points.
+pub fn run_with_scaling() -> (Vec<Row>, Vec<ScalePoint>) {
+    // Two workers: the machine's two cores, which the servers share.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let mut out = (Vec::new(), Vec::new());
+    match PostgresServer::start() {
+        Ok(server) => on_postgres(&rt, &server, &mut out),
+        Err(e) => eprintln!("backend: SKIPPED PostgreSQL: {e}"),
+    }
+    match EtcdServer::start() {
+        Ok(server) => on_etcd(&rt, &server, &mut out),
+        Err(e) => eprintln!("backend: SKIPPED etcd: {e}"),
+    }
+    out
+}
+
+/// A markdown table of the scaling points in throughput terms.
+pub fn scaling_table(points: &[ScalePoint]) -> String {
+    let mut md = String::from(
+        "| backend | operation | tasks | calm ops/s | raw ops/s | throughput, calm / raw (higher favours calm) |\n\
+         | --- | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.0} | {:.0} | **{:.2}** |",
+            p.backend,
+            p.op,
+            p.tasks,
+            p.calm,
+            p.raw,
+            p.calm / p.raw
+        );
+    }
+    md
+}
+
+/// Retries `connect` while a just-started server warms up.
+fn connect<T, F: Future<Output = Result<T, E>>, E: std::fmt::Debug>(
+    rt: &Runtime,
+    mut connect: impl FnMut() -> F,
+) -> T {
+    let mut last = None;
+    for _ in 0..50 {
+        match rt.block_on(connect()) {
+            Ok(t) => return t,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("cannot connect: {last:?}");
+}
+
+/// What the rows of one backend are called.
+struct Labels {
+    backend: &'static str,
+    workload: &'static str,
+    peer: &'static str,
+    watch_peer: &'static str,
+}
+
+fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
+    let store = connect(rt, || {
+        PostgresStore::connect_with(PostgresOptions::new(server.url()).with_schema("bench"))
+    });
+    let labels = Labels {
+        backend: "PostgreSQL",
+        workload: "PostgreSQL, 64 B values",
+        peer: "raw tokio-postgres",
+        watch_peer: "bare LISTEN/NOTIFY",
+    };
+    let calm = CalmWorker::many(&store, MAX_TASKS);
+    let raw = postgres::RawWorker::many(rt, server.url(), MAX_TASKS);
+    scaling(rt, &labels, calm, raw, out);
+    let mut calm = CalmProbe::start(rt, &store);
+    let mut raw = postgres::RawProbe::start(rt, server.url());
+    watch(rt, &labels, &mut calm, &mut raw, &mut out.0);
+}
+
+fn on_etcd(rt: &Runtime, server: &EtcdServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
+    let store = connect(rt, || EtcdStore::connect(server.endpoints()));
+    let client = connect(rt, || {
+        etcd_client::Client::connect(server.endpoints(), None)
+    });
+    let labels = Labels {
+        backend: "etcd",
+        workload: "etcd, 64 B values",
+        peer: "raw etcd-client",
+        watch_peer: "raw etcd-client watch",
+    };
+    let calm = CalmWorker::many(&store, MAX_TASKS);
+    let raw = etcd::RawWorker::many(&client, MAX_TASKS);
+    scaling(rt, &labels, calm, raw, out);
+    let mut calm = CalmProbe::start(rt, &store);
+    let mut raw = etcd::RawProbe::start(rt, &client);
+    watch(rt, &labels, &mut calm, &mut raw, &mut out.0);
+}
+
+/// A throughput row: wall time per counted operation of each side.
+fn throughput_row(labels: &Labels, metric: String, a: Summary, b: Summary, latency: bool) -> Row {
+    let figure = |s: Summary| Figure::Throughput {
+        per_op: 1.0 / s.rate,
+        latency: latency.then_some((s.p50, s.p99)),
+    };
+    Row {
+        workload: labels.workload.into(),
+        metric,
+        peer: labels.peer.into(),
+        ours: figure(a),
+        theirs: figure(b),
+    }
+}
+
+/// The throughput of every operation at every task count, the one-task
+/// latency, and the one-key contended case.
+fn scaling<A: Worker, B: Worker>(
+    rt: &Runtime,
+    labels: &Labels,
+    calm: Vec<A>,
+    raw: Vec<B>,
+    (rows, points): &mut (Vec<Row>, Vec<ScalePoint>),
+) {
+    let mut calm = preload(rt, calm);
+    let mut raw = preload(rt, raw);
+    // Measured task count by task count (each count's operations close
+    // together in time), reported operation by operation.
+    let mut results = Vec::new();
+    for tasks in TASKS {
+        for op in OPS {
+            let (a, b) = interleaved(rt, &mut calm, &mut raw, tasks, op);
+            eprintln!(
+                "backend: {} {} × {tasks}: calm {:.0}/s, raw {:.0}/s",
+                labels.backend,
+                op.name(),
+                a.rate,
+                b.rate
+            );
+            points.push(ScalePoint {
+                backend: labels.backend,
+                op: op.name(),
+                tasks,
+                calm: a.rate,
+                raw: b.rate,
+            });
+            results.push((op, tasks, a, b));
+        }
+    }
+    for op in OPS {
+        for &(_, tasks, a, b) in results.iter().filter(|r| r.0 == op) {
+            let plural = if tasks == 1 { "" } else { "s" };
+            let metric = format!("{}, {tasks} task{plural}, 1/throughput", op.name());
+            rows.push(throughput_row(labels, metric, a, b, true));
+        }
+        if let Some(&(_, _, a, b)) = results.iter().find(|r| r.0 == op && r.1 == 1) {
+            let metric = format!("{}, 1 task: latency p50", op.name());
+            rows.push(time_row(
+                labels.workload,
+                &metric,
+                labels.peer,
+                (a.p50, b.p50),
+            ));
+        }
+    }
+    let (a, b) = interleaved(rt, &mut calm, &mut raw, MAX_TASKS, Op::ContendedCas);
+    eprintln!(
+        "backend: {} one key × {MAX_TASKS}: calm {:.0} successful CAS/s, raw {:.0}/s",
+        labels.backend, a.rate, b.rate
+    );
+    let metric = format!("one key, {MAX_TASKS} tasks: 1/successful CAS");
+    rows.push(throughput_row(labels, metric, a, b, false));
+}
+
+/// The watch latency rows.
+fn watch<A: Probe, B: Probe>(
+    rt: &Runtime,
+    labels: &Labels,
+    calm: &mut A,
+    raw: &mut B,
+    rows: &mut Vec<Row>,
+) {
+    let (a, b) = watch_latency(rt, calm, raw);
+    eprintln!(
+        "backend: {} watch, ack to event: calm p50 {} p99 {}, raw p50 {} p99 {}",
+        labels.backend,
+        Figure::Time(a.ack_p50),
+        Figure::Time(a.ack_p99),
+        Figure::Time(b.ack_p50),
+        Figure::Time(b.ack_p99)
+    );
+    for (metric, a, b) in [
+        ("watch, write ack to event: p50", a.ack_p50, b.ack_p50),
+        ("watch, write ack to event: p99", a.ack_p99, b.ack_p99),
+        ("watch, write sent to event: p50", a.call_p50, b.call_p50),
+    ] {
+        rows.push(time_row(labels.workload, metric, labels.watch_peer, (a, b)));
+    }
+}
