@@ -89,6 +89,9 @@
 //! - `etcd`: the etcd backend (`tonic`; building it needs no `protoc`).
 //! - `crdts`: adapters for the `crdts` crate.
 //! - `automerge`: adapters for automerge documents.
+//! - `tracing`: log events (lease renewals failing, suspended and lost,
+//!   with their causes; retries backing off and giving up; watches
+//!   reconnecting) through the `tracing` crate.
 #![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 #![deny(unsafe_code)]
@@ -112,6 +115,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
+mod trace;
 
 pub use counter::{CounterOverflow, GCounter, PnCounter};
 pub use error::Error;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use calm::coord::{
-    CoordError, Election, Fence, FencingToken, Lease, LeaseOptions, Lock, StoreFence,
+    CoordError, Election, Fence, FencingToken, Lease, LeaseLoss, LeaseOptions, LeaseState, Lock,
+    StoreFence,
 };
 use calm::store::{KeySpan, ManualClock, MemoryStore, MemoryStoreOptions, PutOptions, Store};
 use calm::testing::faults::InstrumentedStore;
@@ -458,4 +459,64 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// A lease whose renewals fail is `Suspended` (with the cause) while time
+/// is left, `Alive` again when a renewal gets through, and `Lost` with the
+/// last renewal's error once a whole TTL passes without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_suspends_recovers_and_is_lost_with_its_cause() {
+    let store = InstrumentedStore::new(MemoryStore::new());
+    let ttl = Duration::from_millis(600);
+    let lease = Lease::grant(store.clone(), ttl).await.unwrap();
+    assert_eq!(lease.state(), LeaseState::Alive);
+    store.disconnect();
+    let suspended = tokio::time::timeout(ttl, lease.state_change(&LeaseState::Alive))
+        .await
+        .expect("a failed renewal suspends the lease");
+    match &suspended {
+        LeaseState::Suspended { failures, cause } => {
+            assert!(*failures >= 1);
+            assert!(cause.is_retryable(), "{cause}");
+        }
+        other => panic!("expected Suspended, got {other:?}"),
+    }
+    assert!(lease.is_alive(), "suspended is not lost");
+    store.reconnect();
+    let mut state = suspended;
+    while matches!(state, LeaseState::Suspended { .. }) {
+        state = tokio::time::timeout(ttl, lease.state_change(&state))
+            .await
+            .expect("a renewal gets through");
+    }
+    assert_eq!(state, LeaseState::Alive);
+    store.disconnect();
+    let loss = tokio::time::timeout(ttl * 3, lease.lost())
+        .await
+        .expect("lost after a TTL without renewals");
+    match &loss {
+        LeaseLoss::Unreachable { cause: Some(e) } => {
+            assert!(e.to_string().contains("disconnected"), "{e}");
+        }
+        other => panic!("expected Unreachable with a cause, got {other:?}"),
+    }
+    assert!(!lease.is_alive());
+    assert!(matches!(lease.check(), Err(CoordError::LeaseLost { .. })));
+}
+
+/// Granting a lease outside a Tokio runtime is an error, and grants
+/// nothing.
+#[test]
+fn lease_outside_a_runtime_is_an_error() {
+    let store = InstrumentedStore::new(MemoryStore::new());
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut grant = std::pin::pin!(Lease::grant(store.clone(), Duration::from_secs(5)));
+    let result = loop {
+        if let std::task::Poll::Ready(r) = std::future::Future::poll(grant.as_mut(), &mut cx) {
+            break r;
+        }
+    };
+    assert!(matches!(result, Err(CoordError::NoRuntime)), "{result:?}");
+    assert_eq!(store.requests(), 0, "nothing was sent");
 }

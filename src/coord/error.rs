@@ -59,6 +59,11 @@ pub enum CoordError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A lease, election or lock needs a Tokio runtime for its background
+    /// keep-alive, and none is running on this thread. Nothing was
+    /// granted. Call it from inside a runtime.
+    #[error("no Tokio runtime: a lease's keep-alive runs as a Tokio task")]
+    NoRuntime,
     /// A TTL is zero or too large.
     #[error("invalid ttl: {reason}")]
     InvalidTtl {

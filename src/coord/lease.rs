@@ -7,7 +7,10 @@ use super::CoordError;
 use crate::store::{Clock, LeaseId, Store, StoreError, SystemClock};
 
 /// Why a [`Lease`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Two losses are equal when they are of the same kind (the cause of an
+/// `Unreachable` is for people and logs, not for comparisons).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LeaseLoss {
     /// The store said the lease is gone (it expired by the store's clock,
@@ -15,10 +18,79 @@ pub enum LeaseLoss {
     Expired,
     /// Keep-alives could not reach the store for a whole TTL, so the
     /// store may have expired it: the holder must assume it did.
-    Unreachable,
+    Unreachable {
+        /// The last renewal's error (`None`: renewals hung until the
+        /// deadline passed).
+        cause: Option<Arc<StoreError>>,
+    },
     /// This process revoked it.
     Revoked,
 }
+
+impl PartialEq for LeaseLoss {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+impl Eq for LeaseLoss {}
+
+impl std::fmt::Display for LeaseLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaseLoss::Expired => f.write_str("the store ended it"),
+            LeaseLoss::Unreachable { cause: Some(e) } => {
+                write!(
+                    f,
+                    "the store was unreachable for a whole TTL (last error: {e})"
+                )
+            }
+            LeaseLoss::Unreachable { cause: None } => {
+                f.write_str("the store did not answer for a whole TTL")
+            }
+            LeaseLoss::Revoked => f.write_str("this process revoked it"),
+        }
+    }
+}
+
+/// Where a [`Lease`] stands, as its keeper last saw it.
+///
+/// Two states are equal when they are of the same kind (and, suspended,
+/// with as many failures).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LeaseState {
+    /// The last renewal succeeded.
+    Alive,
+    /// Renewals are failing, but a TTL has not yet passed since the last
+    /// good one (Curator's SUSPENDED): the lease may still be alive, or the
+    /// store may already have ended it. Pause work that needs it; go on at
+    /// `Alive`, give up at `Lost`.
+    Suspended {
+        /// Renewals failed in a row.
+        failures: u32,
+        /// The last one's error.
+        cause: Arc<StoreError>,
+    },
+    /// The lease is over; it never comes back.
+    Lost(LeaseLoss),
+}
+
+impl PartialEq for LeaseState {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (LeaseState::Alive, LeaseState::Alive) => true,
+            (
+                LeaseState::Suspended { failures: a, .. },
+                LeaseState::Suspended { failures: b, .. },
+            ) => a == b,
+            (LeaseState::Lost(a), LeaseState::Lost(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LeaseState {}
 
 /// Settings of a [`Lease`].
 #[derive(Debug, Clone)]
@@ -102,22 +174,23 @@ pub struct Lease<S: Store + Clone + 'static> {
     store: S,
     id: LeaseId,
     ttl: Duration,
-    /// `None` while alive; the reason once lost. Written by the keeper.
-    status: watch::Receiver<Option<LeaseLoss>>,
+    /// The keeper's view of the lease. Written by the keeper.
+    status: watch::Receiver<LeaseState>,
     /// Lets `revoke` mark the lease lost itself.
-    status_tx: Arc<watch::Sender<Option<LeaseLoss>>>,
+    status_tx: Arc<watch::Sender<LeaseState>>,
     /// The renewal task.
     keeper: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<S: Store + Clone + 'static> Lease<S> {
     /// Grants a lease of `ttl` on the system clock and starts keeping it
-    /// alive. Must be called inside a Tokio runtime.
+    /// alive in a Tokio task.
     ///
     /// # Errors
     ///
     /// [`CoordError::InvalidTtl`] for a zero TTL or one above [`MAX_TTL`],
-    /// or a store error.
+    /// [`CoordError::NoRuntime`] outside a Tokio runtime (checked before
+    /// anything is granted), or a store error.
     ///
     /// # Cancel safety
     ///
@@ -153,11 +226,12 @@ impl<S: Store + Clone + 'static> Lease<S> {
                 reason: "renew fraction must be strictly between 0 and 1",
             });
         }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| CoordError::NoRuntime)?;
         let sent = options.clock.now();
         let grant = store.grant(options.ttl).await?;
-        let (tx, rx) = watch::channel(None);
+        let (tx, rx) = watch::channel(LeaseState::Alive);
         let tx = Arc::new(tx);
-        let keeper = tokio::spawn(keep_alive(
+        let keeper = runtime.spawn(keep_alive(
             store.clone(),
             grant.id,
             grant.ttl,
@@ -191,14 +265,63 @@ impl<S: Store + Clone + 'static> Lease<S> {
         &self.store
     }
 
-    /// Whether the lease is still believed alive.
+    /// Whether the lease is still believed alive (renewing, or suspended
+    /// with time left).
     pub fn is_alive(&self) -> bool {
-        self.status.borrow().is_none()
+        !matches!(*self.status.borrow(), LeaseState::Lost(_))
+    }
+
+    /// Where the lease stands.
+    pub fn state(&self) -> LeaseState {
+        self.status.borrow().clone()
     }
 
     /// Why the lease was lost, if it was.
     pub fn loss(&self) -> Option<LeaseLoss> {
-        *self.status.borrow()
+        match &*self.status.borrow() {
+            LeaseState::Lost(loss) => Some(loss.clone()),
+            _ => None,
+        }
+    }
+
+    /// Completes when the lease's state is no longer `seen`; returns the
+    /// new state (observe Alive → Suspended → Alive or Lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use calm::coord::{Lease, LeaseState};
+    /// use calm::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::coord::CoordError> {
+    /// let store = MemoryStore::new();
+    /// let lease = Lease::grant(store.clone(), Duration::from_secs(10)).await?;
+    /// assert_eq!(lease.state(), LeaseState::Alive);
+    /// // Someone ends the lease behind our back; the keeper notices at its
+    /// // next renewal.
+    /// calm::store::Store::revoke(&store, lease.id()).await?;
+    /// let next = lease.state_change(&LeaseState::Alive).await;
+    /// assert!(matches!(next, LeaseState::Lost(_)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn state_change(&self, seen: &LeaseState) -> LeaseState {
+        let mut rx = self.status.clone();
+        loop {
+            let now = rx.borrow_and_update().clone();
+            if &now != seen {
+                return now;
+            }
+            if rx.changed().await.is_err() {
+                return self.state();
+            }
+        }
     }
 
     /// `Ok` while the lease is believed alive.
@@ -221,12 +344,14 @@ impl<S: Store + Clone + 'static> Lease<S> {
     pub async fn lost(&self) -> LeaseLoss {
         let mut rx = self.status.clone();
         loop {
-            if let Some(loss) = *rx.borrow_and_update() {
-                return loss;
+            if let LeaseState::Lost(loss) = &*rx.borrow_and_update() {
+                return loss.clone();
             }
             if rx.changed().await.is_err() {
                 // The keeper is gone without saying why: treat as lost.
-                return self.loss().unwrap_or(LeaseLoss::Unreachable);
+                return self
+                    .loss()
+                    .unwrap_or(LeaseLoss::Unreachable { cause: None });
             }
         }
     }
@@ -246,7 +371,8 @@ impl<S: Store + Clone + 'static> Lease<S> {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
-        self.status_tx.send_replace(Some(LeaseLoss::Revoked));
+        self.status_tx
+            .send_replace(LeaseState::Lost(LeaseLoss::Revoked));
         match self.store.revoke(self.id).await {
             Ok(()) | Err(StoreError::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
@@ -260,7 +386,8 @@ impl<S: Store + Clone + 'static> Drop for Lease<S> {
             return; // revoked explicitly
         };
         keeper.abort();
-        self.status_tx.send_replace(Some(LeaseLoss::Revoked));
+        self.status_tx
+            .send_replace(LeaseState::Lost(LeaseLoss::Revoked));
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let (store, id) = (self.store.clone(), self.id);
             handle.spawn(async move {
@@ -291,10 +418,15 @@ async fn keep_alive<S: Store>(
     fraction: f64,
     clock: Arc<dyn Clock>,
     mut last_ok: Duration,
-    status: Arc<watch::Sender<Option<LeaseLoss>>>,
+    status: Arc<watch::Sender<LeaseState>>,
 ) {
     let every = ttl.mul_f64(fraction);
     let mut failures = 0u32;
+    let mut cause: Option<Arc<StoreError>> = None;
+    let lose = |loss: LeaseLoss| {
+        crate::trace::error!(lease = ?id, %loss, "lease lost");
+        status.send_replace(LeaseState::Lost(loss));
+    };
     loop {
         let wait = if failures == 0 {
             every
@@ -304,7 +436,7 @@ async fn keep_alive<S: Store>(
         let deadline = last_ok + ttl;
         clock.sleep_until((clock.now() + wait).min(deadline)).await;
         if clock.now() >= deadline {
-            status.send_replace(Some(LeaseLoss::Unreachable));
+            lose(LeaseLoss::Unreachable { cause });
             return;
         }
         let sent = clock.now();
@@ -315,15 +447,32 @@ async fn keep_alive<S: Store>(
         match result {
             Some(Ok(_)) => {
                 last_ok = sent;
+                if failures > 0 {
+                    crate::trace::info!(lease = ?id, failures, "lease renewal recovered");
+                    status.send_replace(LeaseState::Alive);
+                }
                 failures = 0;
+                cause = None;
             }
             Some(Err(StoreError::LeaseNotFound { .. })) => {
-                status.send_replace(Some(LeaseLoss::Expired));
+                lose(LeaseLoss::Expired);
                 return;
             }
-            Some(Err(_)) => failures += 1,
+            Some(Err(e)) => {
+                failures += 1;
+                crate::trace::warn!(
+                    lease = ?id,
+                    failures,
+                    error = %e,
+                    left = ?deadline.saturating_sub(clock.now()),
+                    "lease renewal failed"
+                );
+                let e = Arc::new(e);
+                cause = Some(Arc::clone(&e));
+                status.send_replace(LeaseState::Suspended { failures, cause: e });
+            }
             None => {
-                status.send_replace(Some(LeaseLoss::Unreachable));
+                lose(LeaseLoss::Unreachable { cause });
                 return;
             }
         }

@@ -82,6 +82,6 @@ pub use election::{Election, LeaderInfo, Leadership, Observer};
 pub use error::{CoordError, Fenced};
 pub use fence::{Fence, FencingToken, StoreFence};
 pub use idempotent::{Completed, Idempotent};
-pub use lease::{Lease, LeaseLoss, LeaseOptions, MAX_TTL};
+pub use lease::{Lease, LeaseLoss, LeaseOptions, LeaseState, MAX_TTL};
 pub use lock::{Lock, LockGuard};
 pub use ownership::{Member, Ownership, View, rendezvous_score};

@@ -212,6 +212,7 @@ impl Attempts<'_> {
     /// Cancel safe: dropped while backing off, no attempt is counted.
     pub async fn retry(&mut self) -> Result<(), RetryExhausted> {
         let d = self.next_backoff()?;
+        crate::trace::debug!(attempt = self.made, backoff = ?d, "conflict; retrying");
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::time::sleep(d).await;
         } else {
@@ -241,14 +242,21 @@ impl Attempts<'_> {
             attempts: self.made,
             elapsed: self.started.elapsed(),
         };
-        if self.made >= self.policy.max_attempts {
+        let d = self.policy.backoff(self.made - 1);
+        let spent = self.made >= self.policy.max_attempts
+            || self
+                .policy
+                .budget
+                .is_some_and(|b| exhausted.elapsed + d > b);
+        if spent {
+            crate::trace::warn!(
+                attempts = exhausted.attempts,
+                elapsed = ?exhausted.elapsed,
+                "retries exhausted"
+            );
             return Err(exhausted);
         }
-        let d = self.policy.backoff(self.made - 1);
-        match self.policy.budget {
-            Some(b) if exhausted.elapsed + d > b => Err(exhausted),
-            _ => Ok(d),
-        }
+        Ok(d)
     }
 }
 

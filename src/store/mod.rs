@@ -73,6 +73,7 @@ pub use ext::{MERGE_RETRY, StoreExt};
 pub use memory::{MemoryStore, MemoryStoreOptions, MemoryWatch};
 pub(crate) use polled::{History, PolledWatch};
 pub use typed::{Entry, Typed, TypedEvent, TypedWatch, UpdateError, Updated};
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 pub(crate) use types::prefix_end;
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId,

@@ -97,6 +97,12 @@ impl<H: History> PolledWatch<H> {
             {
                 Ok(()) => backoff = Duration::from_millis(20),
                 Err(e) if self.history.resumes_after(&e) => {
+                    crate::trace::warn!(
+                        error = %e,
+                        next = self.next,
+                        retry_in = ?backoff,
+                        "watch read failed; reading again from the same revision"
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     continue;

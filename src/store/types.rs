@@ -58,6 +58,7 @@ pub fn check_value(value: &[u8]) -> Result<(), StoreError> {
 /// The first key after every key that starts with `prefix`, or `None`
 /// when no key is (an empty prefix, or one of only `0xff` bytes): the
 /// exclusive end of the key range a prefix selects.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {

@@ -59,6 +59,8 @@ pub struct InstrumentedStore<S> {
     paused: Arc<watch::Sender<bool>>,
     /// Requests made (each store call counts one; watch events do not).
     requests: Arc<AtomicU64>,
+    /// `true` while cut off: calls fail at once with `Unavailable`.
+    offline: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: Store> InstrumentedStore<S> {
@@ -68,7 +70,20 @@ impl<S: Store> InstrumentedStore<S> {
             inner,
             paused: Arc::new(watch::channel(false).0),
             requests: Arc::new(AtomicU64::new(0)),
+            offline: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
+    }
+
+    /// Cuts the process off from the store (a network partition from its
+    /// side): every call fails at once with [`StoreError::Unavailable`],
+    /// having sent nothing, until [`reconnect`](Self::reconnect).
+    pub fn disconnect(&self) {
+        self.offline.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends a [`disconnect`](Self::disconnect).
+    pub fn reconnect(&self) {
+        self.offline.store(false, Ordering::Relaxed);
     }
 
     /// Freezes the process: calls block until [`resume`](Self::resume).
@@ -96,10 +111,16 @@ impl<S: Store> InstrumentedStore<S> {
         &self.inner
     }
 
-    /// Waits while paused, then counts one request.
-    async fn enter(&self) {
+    /// Waits while paused, then counts one request; fails it if cut off.
+    async fn enter(&self) -> Result<(), StoreError> {
         gate(&self.paused).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.offline.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable {
+                source: "disconnected by the fault harness".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -114,15 +135,15 @@ impl<S: Store> Store for InstrumentedStore<S> {
     type Watch = InstrumentedWatch<S::Watch>;
 
     async fn revision(&self) -> Result<Version, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.revision().await
     }
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.get(key).await
     }
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.range(prefix, limit).await
     }
     async fn put(
@@ -131,39 +152,39 @@ impl<S: Store> Store for InstrumentedStore<S> {
         value: &[u8],
         options: PutOptions,
     ) -> Result<WriteOutcome, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.put(key, value, options).await
     }
     async fn delete(&self, key: &[u8], expect: Expect) -> Result<WriteOutcome, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.delete(key, expect).await
     }
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.txn(txn).await
     }
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.grant(ttl).await
     }
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.keep_alive(lease).await
     }
     async fn revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.revoke(lease).await
     }
     async fn time_to_live(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.time_to_live(lease).await
     }
     async fn compact(&self, revision: Version) -> Result<(), StoreError> {
-        self.enter().await;
+        self.enter().await?;
         self.inner.compact(revision).await
     }
     async fn watch(&self, span: KeySpan, from: Version) -> Result<Self::Watch, StoreError> {
-        self.enter().await;
+        self.enter().await?;
         Ok(InstrumentedWatch {
             inner: self.inner.watch(span, from).await?,
             paused: Arc::clone(&self.paused),

@@ -17,7 +17,11 @@ pub(super) async fn listen(config: tokio_postgres::Config, shared: Weak<Shared>)
         let Some(channel) = shared.upgrade().map(|s| s.sql.channel.clone()) else {
             return;
         };
-        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+        let connected = config.connect(NoTls).await;
+        if let Err(e) = &connected {
+            crate::trace::info!(error = %e, "LISTEN connection failed; reconnecting");
+        }
+        if let Ok((client, mut connection)) = connected {
             let sql = format!("LISTEN {channel}");
             let listen = client.batch_execute(&sql);
             let drive = async {
