@@ -355,7 +355,7 @@ pub(crate) fn scaling_plot(
         let mine: Vec<&ScalePoint> = points.iter().filter(|p| p.backend == *backend).collect();
         let rates = || mine.iter().flat_map(|p| [p.calm, p.raw]);
         let hi = rates().fold(1.0, f64::max) * 1.6;
-        let lo = rates().filter(|r| *r > 0.0).fold(hi, f64::min) / 1.6;
+        let lo = rates().filter(|r| *r > 0.0).fold(hi, f64::min) / 1.4;
         let mut chart = ChartBuilder::on(panel)
             .caption(
                 format!("{backend}: throughput against tasks"),
@@ -381,8 +381,25 @@ pub(crate) fn scaling_plot(
             })
             // The log axis's fine lines would shade whole decades grey.
             .light_line_style(TRANSPARENT)
-            .y_label_formatter(&|y| rate_label(*y))
+            // plotters labels a log axis by decades only, or not at all,
+            // depending on its span; the ticks are drawn below instead.
+            .y_labels(0)
+            .y_label_formatter(&|_| String::new())
             .draw()?;
+        let (x0, x1) = (-0.3, max_tasks.log2() + 0.3);
+        let right = ("sans-serif", 12)
+            .into_font()
+            .into_text_style(panel)
+            .pos(Pos::new(HPos::Right, VPos::Center));
+        for y in rate_ticks(lo, hi) {
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x0, y), (x1, y)],
+                BLACK.mix(0.15),
+            )))?;
+            // In the whole image's pixels, so drawn on the root area.
+            let (px, py) = chart.backend_coord(&(x0, y));
+            root.draw(&Text::new(rate_label(y), (px - 6, py), right.clone()))?;
+        }
         for (i, op) in ops.iter().enumerate() {
             let color = colour(i);
             let line = |side: fn(&ScalePoint) -> f64| -> Vec<(f64, f64)> {
@@ -443,6 +460,23 @@ pub(crate) fn scaling_plot(
     }
     root.present()?;
     Ok(())
+}
+
+/// Ticks of a log axis from `lo` to `hi`: 1, 2 and 5 times each power of
+/// ten between them.
+fn rate_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for step in [1.0, 2.0, 5.0] {
+            let y = decade * step;
+            if (lo..=hi).contains(&y) {
+                ticks.push(y);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
 }
 
 /// An axis label for operations per second: `800`, `2k`, `15k`, `1.5M`.
@@ -683,6 +717,7 @@ mod tests {
         assert_eq!(rate_label(2000.0), "2k");
         assert_eq!(rate_label(1_500_000.0), "1.5M");
         assert_eq!(rate_label(800.0), "800");
+        assert_eq!(rate_ticks(900.0, 12_000.0), [1e3, 2e3, 5e3, 1e4]);
     }
 
     #[test]
