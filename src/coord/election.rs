@@ -104,17 +104,26 @@ impl<S: Store + Clone + 'static> Election<S> {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if dropped while waiting, the candidate's key stays
-    /// in line (attached to the lease) and it may become leader with
-    /// nobody acting. Revoke the lease (or call `campaign` again with the
-    /// same lease to resume waiting) after cancelling.
+    /// Cancel safe: if dropped while waiting (a timeout, a `select!`), the
+    /// candidate's key is deleted in the background, so no abandoned
+    /// candidate can become leader with nobody acting. One campaign per
+    /// lease at a time.
     pub async fn campaign(
         &self,
         lease: &Lease<S>,
         value: &[u8],
     ) -> Result<Leadership<S>, CoordError> {
-        let ticket = queue::enqueue(&self.store, &self.prefix, lease, value, self.cap).await?;
-        queue::wait_turn(&self.store, &self.prefix, &ticket, lease, &self.retry).await?;
+        let ticket = queue::take_turn(
+            &self.store,
+            &self.prefix,
+            lease,
+            value,
+            self.cap,
+            &self.retry,
+            true,
+        )
+        .await?
+        .ok_or(CoordError::LeaseLost { lease: lease.id() })?;
         Ok(Leadership {
             store: self.store.clone(),
             ticket,
@@ -176,6 +185,7 @@ fn leader_info(kv: crate::store::KeyValue) -> LeaderInfo {
 ///
 /// Dropping it does not resign: the term lasts as long as the lease.
 #[derive(Debug, Clone)]
+#[must_use = "a term is a claim to act as leader: use its token, or resign it"]
 pub struct Leadership<S> {
     store: S,
     ticket: Ticket,

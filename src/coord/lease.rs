@@ -95,6 +95,7 @@ impl Eq for LeaseState {}
 /// Settings of a [`Lease`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "options do nothing until passed to Lease::grant_with"]
 pub struct LeaseOptions {
     /// The time to live asked of the store.
     pub ttl: Duration,
@@ -170,6 +171,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "dropping a lease revokes it (best effort)"]
 pub struct Lease<S: Store + Clone + 'static> {
     store: S,
     id: LeaseId,

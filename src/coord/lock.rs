@@ -67,16 +67,98 @@ impl<S: Store + Clone + 'static> Lock<S> {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if dropped while waiting, the waiter's key stays in
-    /// line until its lease ends. Revoke the lease after cancelling.
+    /// Cancel safe: if dropped while waiting, the waiter's key is deleted
+    /// in the background, so an abandoned wait never ends up holding the
+    /// lock. One wait per lease at a time.
     pub async fn lock(&self, lease: &Lease<S>) -> Result<LockGuard<S>, CoordError> {
-        let ticket = queue::enqueue(&self.store, &self.prefix, lease, b"", None).await?;
-        queue::wait_turn(&self.store, &self.prefix, &ticket, lease, &self.retry).await?;
-        Ok(LockGuard {
+        let ticket = queue::take_turn(
+            &self.store,
+            &self.prefix,
+            lease,
+            b"",
+            None,
+            &self.retry,
+            true,
+        )
+        .await?
+        .ok_or(CoordError::LeaseLost { lease: lease.id() })?;
+        Ok(self.guard(ticket))
+    }
+
+    /// Takes the lock if nobody holds it or waits for it; `None` (having
+    /// left the line) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use calm::coord::{Lease, Lock};
+    /// use calm::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::coord::CoordError> {
+    /// let store = MemoryStore::new();
+    /// let lock = Lock::new(store.clone(), "locks/job/")?;
+    /// let (a, b) = (
+    ///     Lease::grant(store.clone(), Duration::from_secs(10)).await?,
+    ///     Lease::grant(store.clone(), Duration::from_secs(10)).await?,
+    /// );
+    /// let held = lock.try_lock(&a).await?.expect("free");
+    /// assert!(lock.try_lock(&b).await?.is_none()); // held: b does not wait
+    /// held.unlock().await?;
+    /// assert!(lock.try_lock(&b).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_lock(&self, lease: &Lease<S>) -> Result<Option<LockGuard<S>>, CoordError> {
+        let ticket = queue::take_turn(
+            &self.store,
+            &self.prefix,
+            lease,
+            b"",
+            None,
+            &self.retry,
+            false,
+        )
+        .await?;
+        Ok(ticket.map(|t| self.guard(t)))
+    }
+
+    /// Waits for the lock at most `timeout`; `None` if it did not come
+    /// (the place in line is given up, leaving no key behind).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Self::lock).
+    pub async fn lock_timeout(
+        &self,
+        lease: &Lease<S>,
+        timeout: std::time::Duration,
+    ) -> Result<Option<LockGuard<S>>, CoordError> {
+        match tokio::time::timeout(timeout, self.lock(lease)).await {
+            Ok(guard) => guard.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn guard(&self, ticket: queue::Ticket) -> LockGuard<S> {
+        LockGuard {
             store: self.store.clone(),
             ticket,
             released: false,
-        })
+        }
     }
 }
 
@@ -87,6 +169,7 @@ impl<S: Store + Clone + 'static> Lock<S> {
 /// deletes the key; otherwise (or if that fails) the lock is held until
 /// the lease ends.
 #[derive(Debug)]
+#[must_use = "dropping a guard releases the lock at once (best effort)"]
 pub struct LockGuard<S: Store + Clone + 'static> {
     store: S,
     ticket: Ticket,

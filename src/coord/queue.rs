@@ -55,8 +55,91 @@ pub(crate) fn check_prefix(prefix: &[u8]) -> Result<(), CoordError> {
     Ok(())
 }
 
+/// Takes a place in line as `lease` and, if `wait`, waits to be first;
+/// without `wait`, leaves again at once unless already first. Returns the
+/// ticket once first and verified (`None`: not first, and not waiting).
+///
+/// Cancel safe: if the future is dropped at any point, a background task
+/// deletes the place it took (if it took one), so an abandoned or
+/// timed-out wait leaves no key in line. One wait per lease and line at a
+/// time (a lease has one key per line).
+pub(crate) async fn take_turn<S: Store + Clone + 'static>(
+    store: &S,
+    prefix: &[u8],
+    lease: &Lease<S>,
+    value: &[u8],
+    cap: Option<usize>,
+    retry: &RetryPolicy,
+    wait: bool,
+) -> Result<Option<Ticket>, CoordError> {
+    let mut place = Abandoned {
+        store: store.clone(),
+        key: key_of(prefix, lease),
+        rev: None,
+        armed: true,
+    };
+    let ticket = enqueue(store, prefix, lease, value, cap).await?;
+    place.rev = Some(ticket.rev);
+    if wait {
+        wait_turn(store, prefix, &ticket, lease, retry).await?;
+    } else {
+        let (kvs, _) = line(store, prefix).await?;
+        if kvs.first().map(|kv| kv.create_revision) != Some(ticket.rev) {
+            leave(store, &ticket).await?;
+            place.armed = false;
+            return Ok(None);
+        }
+        verify(store, &ticket).await?;
+    }
+    place.armed = false;
+    Ok(Some(ticket))
+}
+
+/// A place in line whose wait was abandoned: dropped while armed, it
+/// deletes the key in the background (only the one it took, when its
+/// create revision is known).
+struct Abandoned<S: Store + Clone + 'static> {
+    store: S,
+    key: Vec<u8>,
+    /// The key's create revision, once known.
+    rev: Option<Version>,
+    /// Cleared when the place is handed to the caller or already left.
+    armed: bool,
+}
+
+impl<S: Store + Clone + 'static> Drop for Abandoned<S> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the key ends with its lease
+        };
+        let (store, key, rev) = (self.store.clone(), std::mem::take(&mut self.key), self.rev);
+        runtime.spawn(async move {
+            let _ = match rev {
+                Some(rev) => leave(&store, &Ticket { key, rev }).await,
+                // The write that joins may still be in flight: delete
+                // whatever it left under this lease's key.
+                None => store
+                    .delete(&key, crate::store::Expect::Any)
+                    .await
+                    .map(drop)
+                    .map_err(CoordError::from),
+            };
+        });
+    }
+}
+
+/// The key `lease` takes in the line under `prefix`.
+fn key_of<S: Store + Clone + 'static>(prefix: &[u8], lease: &Lease<S>) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(format!("{:016x}", lease.id().get()).as_bytes());
+    key
+}
+
 /// Joins the line as `lease` (idempotent: a lease has one key per line).
-pub(crate) async fn enqueue<S: Store + Clone + 'static>(
+async fn enqueue<S: Store + Clone + 'static>(
     store: &S,
     prefix: &[u8],
     lease: &Lease<S>,
@@ -64,8 +147,7 @@ pub(crate) async fn enqueue<S: Store + Clone + 'static>(
     cap: Option<usize>,
 ) -> Result<Ticket, CoordError> {
     lease.check()?;
-    let mut key = prefix.to_vec();
-    key.extend_from_slice(format!("{:016x}", lease.id().get()).as_bytes());
+    let key = key_of(prefix, lease);
     let txn = Txn::new()
         .when(Compare::absent(&key))
         .then(TxnOp::Put {
@@ -123,7 +205,7 @@ pub(crate) async fn line<S: Store>(
 /// Waits until `ticket` is first in line, watching only its predecessor.
 /// Returns once first and verified; retryable store errors are retried
 /// with jittered backoff under `retry`.
-pub(crate) async fn wait_turn<S: Store + Clone + 'static>(
+async fn wait_turn<S: Store + Clone + 'static>(
     store: &S,
     prefix: &[u8],
     ticket: &Ticket,

@@ -24,7 +24,9 @@ use tokio_postgres::types::ToSql;
 use super::sql::Sql;
 use super::store::{kv_of_columns, query};
 use crate::occ::Version;
-use crate::store::{Compare, CompareOp, CompareTarget, LeaseId, StoreError, TxnOp, TxnOpResult};
+use crate::store::{
+    Compare, CompareOp, CompareTarget, Expect, LeaseId, StoreError, TxnOp, TxnOpResult,
+};
 
 /// The most requests in one call.
 pub(super) const MAX_BATCH: usize = 256;
@@ -37,8 +39,16 @@ pub(super) struct Request {
     pub compares: Vec<Compare>,
     pub success: Vec<TxnOp>,
     pub failure: Vec<TxnOp>,
+    /// For a single-key put or delete (`success` is that one write,
+    /// `failure` a read of the key): its expectation, which `compares`
+    /// spells out. Such writes on distinct keys go in one set-based call.
+    pub single: Option<Expect>,
     pub reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
+
+/// Below this many single-key writes, the general call is cheaper than
+/// the set-based one (whose plan costs more to start than to run).
+const SET_BASED_FROM: usize = 4;
 
 impl Request {
     fn bytes(&self) -> usize {
@@ -111,20 +121,121 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
         if batch.is_empty() {
             continue;
         }
-        match run(&pool, &sql, &batch).await {
-            Ok(mut replies) => {
-                for (r, reply) in batch.into_iter().zip(replies.drain(..)) {
-                    let _ = r.reply.send(reply);
-                }
+        // Single-key writes on distinct keys go in one set-based call;
+        // the rest (transactions, a second write of a key) in the general
+        // one. All of them were pending together, so either order is a
+        // valid order.
+        let mut keys = std::collections::HashSet::new();
+        let (singles, general): (Vec<Request>, Vec<Request>) = batch
+            .into_iter()
+            .partition(|r| r.single.is_some() && keys.insert(r.success[0].key().to_vec()));
+        let (singles, general) = if singles.len() >= SET_BASED_FROM {
+            (singles, general)
+        } else {
+            (Vec::new(), singles.into_iter().chain(general).collect())
+        };
+        if !singles.is_empty() {
+            let replies = run_keys(&pool, &sql, &singles).await;
+            answer(singles, replies);
+        }
+        if !general.is_empty() {
+            let replies = run(&pool, &sql, &general).await;
+            answer(general, replies);
+        }
+    }
+}
+
+/// Hands each request its reply, or every one the batch's failure.
+fn answer(batch: Vec<Request>, replies: Result<Vec<Result<Reply, StoreError>>, StoreError>) {
+    match replies {
+        Ok(mut replies) => {
+            for (r, reply) in batch.into_iter().zip(replies.drain(..)) {
+                let _ = r.reply.send(reply);
             }
-            Err(e) => {
-                let shared = Shared(Arc::new(e));
-                for r in batch {
-                    let _ = r.reply.send(Err(shared.copy()));
-                }
+        }
+        Err(e) => {
+            let shared = Shared(Arc::new(e));
+            for r in batch {
+                let _ = r.reply.send(Err(shared.copy()));
             }
         }
     }
+}
+
+/// Sends single-key writes on distinct keys as one `apply_keys` call.
+async fn run_keys(
+    pool: &Pool,
+    sql: &Sql,
+    batch: &[Request],
+) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+    let n = batch.len();
+    let (mut kind, mut key, mut value, mut lease, mut expect, mut version) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for r in batch {
+        let (k, v, l, code): (&[u8], &[u8], i64, i16) = match &r.success[0] {
+            TxnOp::Put { key, value, lease } => (key, value, lease.map_or(0, LeaseId::get), 0),
+            TxnOp::Delete { key } | TxnOp::Get { key } => (key, &[], 0, 1),
+        };
+        let (e, ver) = match r.single.unwrap_or_default() {
+            Expect::Any => (0i16, 0i64),
+            Expect::Absent => (1, 0),
+            Expect::Version(v) => (2, v.to_i64()),
+        };
+        kind.push(code);
+        key.push(k);
+        value.push(v);
+        lease.push(l);
+        expect.push(e);
+        version.push(ver);
+    }
+    let params: [&(dyn ToSql + Sync); 6] = [&kind, &key, &value, &lease, &expect, &version];
+    // One autocommit statement: a connection lost while it runs leaves
+    // its commit unknown.
+    let rows = query(pool, &sql.apply_keys, &params, true).await?;
+    let mut replies: Vec<Option<Result<Reply, StoreError>>> = (0..n).map(|_| None).collect();
+    for row in &rows {
+        let Some(i) = usize::try_from(row.get::<_, i32>(0))
+            .ok()
+            .and_then(|o| o.checked_sub(1))
+            .filter(|&i| i < n)
+        else {
+            continue;
+        };
+        if row.get::<_, i16>(3) == 1 {
+            replies[i] = Some(Err(StoreError::LeaseNotFound {
+                lease: LeaseId::new(row.get::<_, Option<i64>>(10).unwrap_or(0)),
+            }));
+            continue;
+        }
+        let succeeded: bool = row.get(1);
+        let kv = row.get::<_, bool>(4).then(|| kv_of_columns(row, 5));
+        let result = match (&batch[i].success[0], succeeded) {
+            (TxnOp::Put { .. }, true) => TxnOpResult::Put { prev: kv },
+            (_, true) => TxnOpResult::Delete { prev: kv },
+            (_, false) => TxnOpResult::Get { kv },
+        };
+        replies[i] = Some(Ok(Reply {
+            succeeded,
+            revision: Version::from_i64(row.get(2)),
+            results: vec![result],
+        }));
+    }
+    Ok(replies
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(StoreError::Backend {
+                    source: "the server returned no outcome for a request".into(),
+                })
+            })
+        })
+        .collect())
 }
 
 /// One failure handed to every request of a batch: each gets the same

@@ -21,6 +21,8 @@ pub(super) struct Sql {
     pub migrate: String,
     /// `apply(...)`: one batch of requests (see [`super::batch`]).
     pub apply: String,
+    /// `apply_keys(...)`: one batch of single-key writes on distinct keys.
+    pub apply_keys: String,
     /// The store revision.
     pub revision: String,
     /// One live key.
@@ -65,6 +67,10 @@ impl Sql {
                 "SELECT * FROM {s}.apply($1::int[], $2::int[], $3::int[], $4::bytea[], \
                  $5::smallint[], $6::smallint[], $7::bigint[], $8::bytea[], $9::smallint[], \
                  $10::bytea[], $11::bytea[], $12::bigint[])"
+            ),
+            apply_keys: format!(
+                "SELECT * FROM {s}.apply_keys($1::smallint[], $2::bytea[], $3::bytea[], \
+                 $4::bigint[], $5::smallint[], $6::bigint[])"
             ),
             revision: format!("SELECT revision FROM {s}.meta WHERE id = 1"),
             get: format!("SELECT {KV} FROM {s}.kv k WHERE k.key = $1 AND {live}"),
@@ -133,7 +139,10 @@ impl Sql {
 /// - `apply`: a batch of requests (compares, then the success or failure
 ///   branch), each with its own outcome. Requests that only read, or whose
 ///   compares fail on the current state and whose failure branch only
-///   reads, are answered without the store-wide lock.
+///   reads, are answered without the store-wide lock. Written in PL/pgSQL
+///   with one indexed read or write per statement: a statement in a
+///   function costs the server a few microseconds, a data-modifying CTE
+///   or `RETURN QUERY` several times that.
 /// - `reap`, `revoke`: end leases, deleting their keys at a new revision.
 /// - `compact`: drops history.
 fn migrate(s: &str, channel: &str) -> String {
@@ -170,37 +179,6 @@ CREATE TABLE IF NOT EXISTS {s}.events (
     writes bigint NOT NULL,
     lease bigint,
     PRIMARY KEY (revision, key));
-
--- The live row of a key (a key whose lease has ended reads as absent).
--- Volatile, so it reads with a snapshot of its own, taken after any lock
--- its caller waited for.
-CREATE OR REPLACE FUNCTION {s}.live(k bytea) RETURNS {s}.kv
-LANGUAGE sql VOLATILE AS $$
-    SELECT r.* FROM {s}.kv r WHERE r.key = k
-      AND (r.lease IS NULL OR EXISTS (SELECT 1 FROM {s}.leases l
-           WHERE l.id = r.lease AND l.deadline > clock_timestamp()))
-$$;
-
--- Whether one compare holds for a key's live row (NULL: absent). Targets:
--- 0 create revision, 1 mod revision, 2 writes, 3 value; operators: 0 =,
--- 1 <>, 2 <, 3 >. An absent key reads 0 for numbers; a value compare on
--- an absent key is false.
-CREATE OR REPLACE FUNCTION {s}.holds(r {s}.kv, target smallint, op smallint,
-                                     num bigint, val bytea) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    field bigint;
-BEGIN
-    IF target = 3 THEN
-        IF r.key IS NULL THEN RETURN false; END IF;
-        RETURN CASE op WHEN 0 THEN r.value = val WHEN 1 THEN r.value <> val
-                       WHEN 2 THEN r.value < val ELSE r.value > val END;
-    END IF;
-    field := coalesce(CASE target WHEN 0 THEN r.create_revision
-                                  WHEN 1 THEN r.mod_revision ELSE r.writes END, 0);
-    RETURN CASE op WHEN 0 THEN field = num WHEN 1 THEN field <> num
-                   WHEN 2 THEN field < num ELSE field > num END;
-END $$;
 
 -- Deletes lease l and its keys, the keys at revision rev + 1 (if any);
 -- returns the revision after it. The caller holds the meta row lock.
@@ -272,13 +250,122 @@ BEGIN
     END IF;
 END $$;
 
+-- Applies a batch of single-key writes on distinct keys, set-based: a few
+-- statements for the whole batch, however large. Write i puts (kind 0)
+-- or deletes (kind 1) key k[i] (value v[i], lease l[i], 0: none) if its
+-- expectation holds (e[i]: 0 any, 1 absent, 2 present with mod revision
+-- ver[i]). Returns one row per write, in order: whether it applied, its
+-- revision, err 1 for a put whose lease is not alive, and the key before
+-- it (when applied) or as it is (when not).
+CREATE OR REPLACE FUNCTION {s}.apply_keys(
+    kind smallint[], k bytea[], v bytea[], l bigint[], e smallint[], ver bigint[])
+RETURNS TABLE (ord int, succeeded boolean, revision bigint, err smallint, present boolean,
+               key bytea, value bytea, create_revision bigint, mod_revision bigint,
+               writes bigint, lease bigint)
+-- Index lookups per key (the LATERAL ... OFFSET 0 above), never a scan of
+-- kv, with one plan kept for every batch size.
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    rev bigint;
+    start_rev bigint;
+    dead bigint;
+BEGIN
+    -- Without the lock: if every write's expectation fails on the current
+    -- state, answer from this snapshot (a valid answer at its instant).
+    IF NOT EXISTS (
+        SELECT 1 FROM unnest(k, e, ver) AS i(k, e, ver)
+        LEFT JOIN LATERAL (SELECT * FROM {s}.kv z WHERE z.key = i.k OFFSET 0) x ON true
+        WHERE i.e = 0
+           OR (x.key IS NOT NULL AND x.lease IS NOT NULL AND NOT EXISTS (
+                 SELECT 1 FROM {s}.leases y WHERE y.id = x.lease
+                 AND y.deadline > clock_timestamp()))
+           OR (i.e = 1 AND x.key IS NULL) OR (i.e = 2 AND x.mod_revision = i.ver)) THEN
+        RETURN QUERY
+        SELECT i.ord::int, false, (SELECT m.revision FROM {s}.meta m WHERE m.id = 1),
+               0::smallint, x.key IS NOT NULL, x.key, x.value, x.create_revision,
+               x.mod_revision, x.writes, x.lease
+        FROM unnest(k) WITH ORDINALITY AS i(k, ord)
+        LEFT JOIN LATERAL (SELECT * FROM {s}.kv z WHERE z.key = i.k OFFSET 0) x ON true
+        ORDER BY i.ord;
+        RETURN;
+    END IF;
+    SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
+    start_rev := rev;
+    -- Keys of ended leases among those touched go first, at their own
+    -- revisions, so the history stays exact.
+    FOR dead IN
+        SELECT y.id FROM {s}.leases y
+        WHERE y.deadline <= clock_timestamp()
+          AND y.id IN (SELECT x.lease FROM {s}.kv x WHERE x.key = ANY (k))
+        ORDER BY y.deadline, y.id
+    LOOP
+        rev := {s}.end_lease(dead, rev);
+    END LOOP;
+    RETURN QUERY
+    WITH i AS (
+        SELECT * FROM unnest(kind, k, v, l, e, ver) WITH ORDINALITY
+            AS t(kind, k, v, l, e, ver, ord)),
+    c AS (
+        SELECT i.*, x.key AS xk, x.value AS xv, x.create_revision AS xc,
+               x.mod_revision AS xm, x.writes AS xw, x.lease AS xl,
+               (i.kind = 0 AND i.l <> 0 AND NOT EXISTS (
+                   SELECT 1 FROM {s}.leases y WHERE y.id = i.l
+                   AND y.deadline > clock_timestamp())) AS no_lease
+        FROM i
+        LEFT JOIN LATERAL (SELECT * FROM {s}.kv z WHERE z.key = i.k OFFSET 0) x ON true),
+    d AS (
+        SELECT c.*, NOT c.no_lease AND CASE c.e WHEN 0 THEN true
+            WHEN 1 THEN c.xk IS NULL ELSE c.xk IS NOT NULL AND c.xm = c.ver END AS ok
+        FROM c),
+    n AS (
+        SELECT d.*, (d.ok AND (d.kind = 0 OR d.xk IS NOT NULL)) AS changes,
+               rev + count(*) FILTER (WHERE d.ok AND (d.kind = 0 OR d.xk IS NOT NULL))
+                   OVER (ORDER BY d.ord) AS r
+        FROM d),
+    up AS (
+        INSERT INTO {s}.kv AS x
+        SELECT n.k, n.v, coalesce(n.xc, n.r), n.r, coalesce(n.xw, 0) + 1, nullif(n.l, 0)
+        FROM n WHERE n.changes AND n.kind = 0
+        ON CONFLICT ON CONSTRAINT kv_pkey DO UPDATE
+        SET value = excluded.value, mod_revision = excluded.mod_revision,
+            writes = excluded.writes, lease = excluded.lease),
+    del AS (
+        DELETE FROM {s}.kv x
+        WHERE x.key = ANY (ARRAY(SELECT n.k FROM n WHERE n.changes AND n.kind = 1))),
+    ev AS (
+        INSERT INTO {s}.events
+        SELECT n.r, n.k, n.kind, CASE n.kind WHEN 0 THEN n.v ELSE ''::bytea END,
+               CASE n.kind WHEN 0 THEN coalesce(n.xc, n.r) ELSE 0 END,
+               CASE n.kind WHEN 0 THEN coalesce(n.xw, 0) + 1 ELSE 0 END,
+               CASE n.kind WHEN 0 THEN nullif(n.l, 0) END
+        FROM n WHERE n.changes)
+    SELECT n.ord::int, n.ok, CASE WHEN n.changes THEN n.r ELSE rev END,
+           CASE WHEN n.no_lease THEN 1 ELSE 0 END::smallint, n.xk IS NOT NULL, n.xk, n.xv,
+           n.xc, n.xm, n.xw, CASE WHEN n.no_lease THEN n.l ELSE n.xl END
+    FROM n ORDER BY n.ord;
+    -- The batch's last revision is its newest event (if it wrote any).
+    UPDATE {s}.meta m SET revision = greatest(rev, (SELECT coalesce(max(ev.revision), rev)
+        FROM {s}.events ev WHERE ev.revision > rev)) WHERE m.id = 1
+        RETURNING m.revision INTO rev;
+    IF rev <> start_rev THEN
+        PERFORM pg_notify('{channel}', rev::text);
+    END IF;
+END $$;
+
 -- Applies a batch of requests in order. Request i has n_cmp[i] compares
--- (the next ones in the c_* arrays), n_ok[i] success ops and n_else[i]
--- failure ops (the next ones in the o_* arrays; kinds: 0 put, 1 delete,
--- 2 get; lease 0: none). For each request it returns one row with op = -1
--- (succeeded, its revision, err 1 if a put's lease was not alive, with
--- that lease) and one row per op of the branch taken: the key before a
--- put or delete, the key read by a get (present = false: absent).
+-- (the next ones in the c_* arrays; targets: 0 create revision, 1 mod
+-- revision, 2 writes, 3 value; operators: 0 =, 1 <>, 2 <, 3 >), n_ok[i]
+-- success ops and n_else[i] failure ops (the next ones in the o_* arrays;
+-- kinds: 0 put, 1 delete, 2 get; lease 0: none). For each request it
+-- returns one row with op = -1 (succeeded, its revision, err 1 if a put's
+-- lease was not alive, with that lease) and one row per op of the branch
+-- taken: the key before a put or delete, the key read by a get
+-- (present = false: absent).
+--
+-- A key whose lease has ended reads as absent. Without the lock nothing
+-- is written; under it, such a key's lease is ended first (its keys
+-- deleted at their own revision), so the history stays exact.
 CREATE OR REPLACE FUNCTION {s}.apply(
     n_cmp int[], n_ok int[], n_else int[],
     c_key bytea[], c_target smallint[], c_op smallint[], c_num bigint[], c_val bytea[],
@@ -299,19 +386,35 @@ DECLARE
     writing boolean;
     bumped boolean;
     dead bigint;
+    field bigint;
     r {s}.kv;
     i int; j int;
 BEGIN
-    SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1;
     FOR i IN 1 .. coalesce(cardinality(n_cmp), 0) LOOP
-        -- Evaluate the compares; without the lock this is a snapshot read,
-        -- whose failing outcome is a valid answer at that instant.
         <<evaluate>>
         LOOP
+            -- Without the lock this is a snapshot read, whose failing
+            -- outcome is a valid answer at that instant.
             ok := true;
             FOR j IN ci .. ci + n_cmp[i] - 1 LOOP
-                IF NOT {s}.holds({s}.live(c_key[j]), c_target[j], c_op[j], c_num[j], c_val[j])
-                THEN ok := false; EXIT; END IF;
+                SELECT x.* INTO r FROM {s}.kv x WHERE x.key = c_key[j];
+                IF r.lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.leases l
+                        WHERE l.id = r.lease AND l.deadline > clock_timestamp()) THEN
+                    IF locked THEN rev := {s}.end_lease(r.lease, rev); END IF;
+                    r := NULL;
+                END IF;
+                IF c_target[j] = 3 THEN
+                    ok := r.key IS NOT NULL AND CASE c_op[j]
+                        WHEN 0 THEN r.value = c_val[j] WHEN 1 THEN r.value <> c_val[j]
+                        WHEN 2 THEN r.value < c_val[j] ELSE r.value > c_val[j] END;
+                ELSE
+                    field := coalesce(CASE c_target[j] WHEN 0 THEN r.create_revision
+                                      WHEN 1 THEN r.mod_revision ELSE r.writes END, 0);
+                    ok := CASE c_op[j] WHEN 0 THEN field = c_num[j]
+                        WHEN 1 THEN field <> c_num[j] WHEN 2 THEN field < c_num[j]
+                        ELSE field > c_num[j] END;
+                END IF;
+                EXIT WHEN NOT ok;
             END LOOP;
             IF ok THEN b := oi; n := n_ok[i]; ELSE b := oi + n_ok[i]; n := n_else[i]; END IF;
             writing := false;
@@ -325,76 +428,67 @@ BEGIN
             start_rev := rev;
             locked := true;
         END LOOP;
+        IF rev IS NULL THEN
+            SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1;
+        END IF;
+        dead := NULL;
+        bumped := false;
         IF writing THEN
-            -- Keys of ended leases that this request touches are deleted
-            -- first, at their own revision, so the history stays exact.
-            FOR dead IN
-                SELECT l.id FROM {s}.leases l
-                WHERE l.deadline <= clock_timestamp() AND l.id IN (
-                    SELECT x.lease FROM {s}.kv x
-                    WHERE x.key = ANY (c_key[ci : ci + n_cmp[i] - 1])
-                       OR x.key = ANY (o_key[oi : oi + n_ok[i] + n_else[i] - 1]))
-                ORDER BY l.deadline, l.id
-            LOOP
-                rev := {s}.end_lease(dead, rev);
-            END LOOP;
-            -- Every put's lease must be alive, or the request does nothing.
-            dead := NULL;
             FOR j IN b .. b + n - 1 LOOP
+                -- Every put's lease must be alive, or the request does
+                -- nothing.
                 IF o_kind[j] = 0 AND o_lease[j] <> 0 AND NOT EXISTS (
                     SELECT 1 FROM {s}.leases l WHERE l.id = o_lease[j]
                     AND l.deadline > clock_timestamp()) THEN
                     dead := o_lease[j]; EXIT;
                 END IF;
+                -- A touched key of an ended lease goes first.
+                SELECT x.* INTO r FROM {s}.kv x WHERE x.key = o_key[j];
+                IF r.lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.leases l
+                        WHERE l.id = r.lease AND l.deadline > clock_timestamp()) THEN
+                    rev := {s}.end_lease(r.lease, rev);
+                    r := NULL;
+                END IF;
+                -- One new revision for the request if it changes anything.
+                bumped := bumped OR o_kind[j] = 0 OR (o_kind[j] = 1 AND r.key IS NOT NULL);
             END LOOP;
-            IF dead IS NOT NULL THEN
-                RETURN QUERY SELECT i, -1, ok, rev, 1::smallint, false, NULL::bytea, NULL::bytea,
-                                    NULL::bigint, NULL::bigint, NULL::bigint, dead;
-                ci := ci + n_cmp[i]; oi := oi + n_ok[i] + n_else[i];
-                CONTINUE;
-            END IF;
-            -- One new revision for the request if it changes anything.
-            bumped := false;
-            FOR j IN b .. b + n - 1 LOOP
-                bumped := o_kind[j] = 0 OR (o_kind[j] = 1 AND EXISTS (
-                    SELECT 1 FROM {s}.kv x WHERE x.key = o_key[j]));
-                EXIT WHEN bumped;
-            END LOOP;
-            IF bumped THEN rev := rev + 1; END IF;
         END IF;
-        RETURN QUERY SELECT i, -1, ok, rev, 0::smallint, false, NULL::bytea, NULL::bytea,
-                            NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint;
+        req := i; op := -1; succeeded := ok; err := 0; present := false; key := NULL;
+        value := NULL; create_revision := NULL; mod_revision := NULL; writes := NULL;
+        lease := NULL;
+        IF dead IS NOT NULL THEN
+            revision := rev; err := 1; lease := dead;
+            RETURN NEXT;
+            ci := ci + n_cmp[i]; oi := oi + n_ok[i] + n_else[i];
+            CONTINUE;
+        END IF;
+        IF bumped THEN rev := rev + 1; END IF;
+        revision := rev;
+        RETURN NEXT;
         FOR j IN b .. b + n - 1 LOOP
-            IF o_kind[j] = 0 THEN
-                RETURN QUERY
-                WITH prev AS (SELECT * FROM {s}.kv x WHERE x.key = o_key[j]),
-                up AS (
-                    INSERT INTO {s}.kv AS x VALUES (o_key[j], o_val[j], rev, rev, 1,
-                                                   nullif(o_lease[j], 0))
-                    ON CONFLICT ON CONSTRAINT kv_pkey DO UPDATE
-                    SET value = excluded.value, mod_revision = excluded.mod_revision,
-                        writes = x.writes + 1, lease = excluded.lease
-                    RETURNING x.key, x.create_revision, x.writes, x.lease),
-                ev AS (
-                    INSERT INTO {s}.events
-                    SELECT rev, up.key, 0, o_val[j], up.create_revision, up.writes, up.lease
-                    FROM up)
-                SELECT i, j - b, ok, rev, 0::smallint, p.key IS NOT NULL, p.key, p.value,
-                       p.create_revision, p.mod_revision, p.writes, p.lease
-                FROM (SELECT 1) one LEFT JOIN prev p ON true;
-            ELSIF o_kind[j] = 1 THEN
-                RETURN QUERY
-                WITH d AS (DELETE FROM {s}.kv x WHERE x.key = o_key[j] RETURNING x.*),
-                ev AS (INSERT INTO {s}.events
-                       SELECT rev, d.key, 1, ''::bytea, 0, 0, NULL FROM d)
-                SELECT i, j - b, ok, rev, 0::smallint, d.key IS NOT NULL, d.key, d.value,
-                       d.create_revision, d.mod_revision, d.writes, d.lease
-                FROM (SELECT 1) one LEFT JOIN d ON true;
-            ELSE
-                r := {s}.live(o_key[j]);
-                RETURN QUERY SELECT i, j - b, ok, rev, 0::smallint, r.key IS NOT NULL, r.key,
-                                    r.value, r.create_revision, r.mod_revision, r.writes, r.lease;
+            SELECT x.* INTO r FROM {s}.kv x WHERE x.key = o_key[j];
+            IF NOT writing AND r.lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.leases l
+                    WHERE l.id = r.lease AND l.deadline > clock_timestamp()) THEN
+                r := NULL;
             END IF;
+            op := j - b; present := r.key IS NOT NULL; key := r.key; value := r.value;
+            create_revision := r.create_revision; mod_revision := r.mod_revision;
+            writes := r.writes; lease := r.lease;
+            IF o_kind[j] = 0 THEN
+                INSERT INTO {s}.kv AS x VALUES (o_key[j], o_val[j],
+                    coalesce(r.create_revision, rev), rev, coalesce(r.writes, 0) + 1,
+                    nullif(o_lease[j], 0))
+                ON CONFLICT ON CONSTRAINT kv_pkey DO UPDATE
+                SET value = excluded.value, mod_revision = excluded.mod_revision,
+                    writes = excluded.writes, lease = excluded.lease;
+                INSERT INTO {s}.events VALUES (rev, o_key[j], 0, o_val[j],
+                    coalesce(r.create_revision, rev), coalesce(r.writes, 0) + 1,
+                    nullif(o_lease[j], 0));
+            ELSIF o_kind[j] = 1 AND r.key IS NOT NULL THEN
+                DELETE FROM {s}.kv x WHERE x.key = o_key[j];
+                INSERT INTO {s}.events VALUES (rev, o_key[j], 1, ''::bytea, 0, 0, NULL);
+            END IF;
+            RETURN NEXT;
         END LOOP;
         ci := ci + n_cmp[i]; oi := oi + n_ok[i] + n_else[i];
     END LOOP;

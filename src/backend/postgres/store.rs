@@ -389,6 +389,7 @@ impl PostgresStore {
         compares: Vec<Compare>,
         success: Vec<TxnOp>,
         failure: Vec<TxnOp>,
+        single: Option<Expect>,
     ) -> Result<Reply, StoreError> {
         if self.pool.is_closed() {
             return Err(StoreError::Closed);
@@ -398,6 +399,7 @@ impl PostgresStore {
             compares,
             success,
             failure,
+            single,
             reply,
         };
         self.shared
@@ -421,7 +423,12 @@ impl PostgresStore {
         write: TxnOp,
     ) -> Result<WriteOutcome, StoreError> {
         let reply = self
-            .submit(expect.to_compares(key), vec![write], vec![TxnOp::get(key)])
+            .submit(
+                expect.to_compares(key),
+                vec![write],
+                vec![TxnOp::get(key)],
+                Some(expect),
+            )
             .await?;
         let result = reply.results.into_iter().next();
         Ok(if reply.succeeded {
@@ -508,7 +515,9 @@ impl Store for PostgresStore {
 
     async fn txn(&self, txn: Txn) -> Result<TxnOutcome, StoreError> {
         txn.check()?;
-        let reply = self.submit(txn.compares, txn.success, txn.failure).await?;
+        let reply = self
+            .submit(txn.compares, txn.success, txn.failure, None)
+            .await?;
         Ok(TxnOutcome::new(
             reply.succeeded,
             reply.revision,

@@ -18,8 +18,8 @@ pub(super) async fn listen(config: tokio_postgres::Config, shared: Weak<Shared>)
             return;
         };
         let connected = config.connect(NoTls).await;
-        if let Err(e) = &connected {
-            crate::trace::info!(error = %e, "LISTEN connection failed; reconnecting");
+        if let Err(_e) = &connected {
+            crate::trace::info!(error = %_e, "LISTEN connection failed; reconnecting");
         }
         if let Ok((client, mut connection)) = connected {
             let sql = format!("LISTEN {channel}");
