@@ -121,34 +121,23 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
         if batch.is_empty() {
             continue;
         }
-        // Single-key writes go in set-based calls, one per round of
-        // distinct keys (a key's second write in the batch goes in the
-        // second round, and so on: contending compare-and-sets on one key
-        // after the first round lose in the lock-free pre-check); the rest
-        // (transactions) in the general call. All of them were pending
-        // together, so any order is a valid order.
-        let mut seen: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
-        let mut rounds: Vec<Vec<Request>> = Vec::new();
-        let mut general = Vec::new();
-        for r in batch {
-            if r.single.is_none() {
-                general.push(r);
-                continue;
-            }
-            let round = seen.entry(r.success[0].key().to_vec()).or_insert(0);
-            if rounds.len() <= *round {
-                rounds.push(Vec::new());
-            }
-            rounds[*round].push(r);
-            *round += 1;
-        }
-        for round in rounds {
-            if round.len() < SET_BASED_FROM {
-                general.extend(round);
-                continue;
-            }
-            let replies = run_keys(&pool, &sql, &round).await;
-            answer(round, replies);
+        // Single-key writes on distinct keys go in one set-based call; the
+        // rest (transactions, later writes of a key already in it) in one
+        // general call after it, where compare-and-sets that lost to the
+        // first call's writes fail in the lock-free pre-check. All of them
+        // were pending together, so any order is a valid order.
+        let mut keys = std::collections::HashSet::new();
+        let (singles, general): (Vec<Request>, Vec<Request>) = batch
+            .into_iter()
+            .partition(|r| r.single.is_some() && keys.insert(r.success[0].key().to_vec()));
+        let (singles, general) = if singles.len() >= SET_BASED_FROM {
+            (singles, general)
+        } else {
+            (Vec::new(), singles.into_iter().chain(general).collect())
+        };
+        if !singles.is_empty() {
+            let replies = run_keys(&pool, &sql, &singles).await;
+            answer(singles, replies);
         }
         if !general.is_empty() {
             let replies = run(&pool, &sql, &general).await;

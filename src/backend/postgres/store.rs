@@ -51,14 +51,14 @@ pub struct PostgresOptions {
 
 impl PostgresOptions {
     /// Connects to `url`, schema `calm`, 8 pooled connections, 100,000
-    /// events of history, 1 committer.
+    /// events of history, 2 committers.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             schema: "calm".into(),
             pool_size: 8,
             history: 100_000,
-            committers: 1,
+            committers: 2,
         }
     }
 
