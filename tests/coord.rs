@@ -520,3 +520,58 @@ fn lease_outside_a_runtime_is_an_error() {
     assert!(matches!(result, Err(CoordError::NoRuntime)), "{result:?}");
     assert_eq!(store.requests(), 0, "nothing was sent");
 }
+
+/// A campaign or a lock wait that is dropped (a timeout) leaves no key in
+/// line: the next candidate is not stuck behind a ghost, and `try_lock`
+/// takes a free lock but never waits for a held one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_waits_leave_no_key() {
+    let store = MemoryStore::new();
+    let lease = |s: &MemoryStore| Lease::grant(s.clone(), Duration::from_secs(30));
+    let (a, b, c) = (
+        lease(&store).await.unwrap(),
+        lease(&store).await.unwrap(),
+        lease(&store).await.unwrap(),
+    );
+
+    let election = Election::new(store.clone(), "e/").unwrap();
+    let leader = election.campaign(&a, b"a").await.unwrap();
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(100), election.campaign(&b, b"b")).await;
+    assert!(gave_up.is_err(), "b cannot lead while a does");
+    // The background clean-up runs right after the drop.
+    let mut line = store.range(b"e/", None).await.unwrap().kvs.len();
+    for _ in 0..100 {
+        if line == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        line = store.range(b"e/", None).await.unwrap().kvs.len();
+    }
+    assert_eq!(line, 1, "the abandoned candidate's key is still in line");
+    leader.resign().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), election.campaign(&c, b"c"))
+        .await
+        .expect("c leads at once: nobody abandoned is ahead of it")
+        .unwrap();
+    next.resign().await.unwrap();
+
+    let lock = Lock::new(store.clone(), "l/").unwrap();
+    let held = lock.try_lock(&a).await.unwrap().expect("the lock is free");
+    assert!(lock.try_lock(&b).await.unwrap().is_none());
+    assert!(
+        lock.lock_timeout(&b, Duration::from_millis(100))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.range(b"l/", None).await.unwrap().kvs.len(), 1);
+    held.unlock().await.unwrap();
+    let got = lock
+        .lock_timeout(&b, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free again");
+    got.unlock().await.unwrap();
+}
