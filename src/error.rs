@@ -2,7 +2,10 @@
 //! `?`-able type.
 
 use crate::codec::DecodeError;
+use crate::coord::CoordError;
 use crate::counter::CounterOverflow;
+use crate::occ::RetryExhausted;
+use crate::store::StoreError;
 use crate::text::TextError;
 
 /// Any error calm returns.
@@ -21,4 +24,15 @@ pub enum Error {
     /// A text edit, conversion or op was refused (see [`TextError`]).
     #[error(transparent)]
     Text(#[from] TextError),
+    /// A store operation failed (see [`StoreError`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A coordination recipe failed or refused (see [`CoordError`]; a
+    /// fenced write is [`CoordError::Fenced`]).
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    /// An in-process optimistic update ran out of attempts (see
+    /// [`RetryExhausted`]).
+    #[error(transparent)]
+    Retry(#[from] RetryExhausted),
 }

@@ -309,3 +309,22 @@ async fn bad_input_is_refused_with_typed_errors_and_no_write() {
     assert!(group.view().await.expect("view").members().is_empty());
     assert_eq!(store.revision().await.expect("revision"), before);
 }
+
+/// `rendezvous_score` is fixed: members on different calm versions (or
+/// builds, or machines) must agree on every key's owner. These values come
+/// from an independent implementation of the documented hash (FNV-1a over
+/// member, 0xff, key; then the splitmix64 finaliser).
+#[test]
+fn rendezvous_score_test_vectors() {
+    use calm::coord::rendezvous_score;
+    let vectors: [(&[u8], &[u8], u64); 5] = [
+        (b"m1", b"key-1", 0xeeeb_762f_02eb_d86d),
+        (b"m2", b"key-1", 0x9333_755d_c9f5_90c0),
+        (b"node-a", b"", 0x6450_dc43_52f6_a123),
+        (b"", b"k", 0xee8d_e170_b292_42d0),
+        (b"worker-17", b"orders/42", 0x250c_d486_ee18_ec65),
+    ];
+    for (member, key, score) in vectors {
+        assert_eq!(rendezvous_score(member, key), score, "{member:?} {key:?}");
+    }
+}

@@ -31,10 +31,20 @@ impl ReplicaId {
         Self(id)
     }
 
-    /// Creates a random replica id (64 random bits from the standard
-    /// library's per-process hash keys and the clock; collisions between a
-    /// few million replicas are vanishingly unlikely).
+    /// Creates a random replica id: 64 bits from the operating system's
+    /// random source (collisions between a few million replicas are
+    /// vanishingly unlikely). Should the OS source fail, it falls back to
+    /// the standard library's per-process hash keys, the clock, the pid and
+    /// a counter.
     pub fn random() -> Self {
+        match getrandom::u64() {
+            Ok(bits) => Self(bits),
+            Err(_) => Self::fallback_random(),
+        }
+    }
+
+    /// The random id used when the OS random source fails.
+    fn fallback_random() -> Self {
         use std::hash::{BuildHasher, Hasher};
         use std::sync::atomic::{AtomicU64, Ordering};
         // The counter makes two calls in one process differ even when the
@@ -178,5 +188,22 @@ impl Codec for Dot {
             0 => Err(dec.invalid("dot counter is zero")),
             counter => Ok(Self { replica, counter }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Random ids differ, from the OS source and from the fallback.
+    #[test]
+    fn random_ids_differ() {
+        let ids: std::collections::BTreeSet<u64> =
+            (0..1000).map(|_| ReplicaId::random().get()).collect();
+        assert_eq!(ids.len(), 1000);
+        let fallback: std::collections::BTreeSet<u64> = (0..1000)
+            .map(|_| ReplicaId::fallback_random().get())
+            .collect();
+        assert_eq!(fallback.len(), 1000);
     }
 }
