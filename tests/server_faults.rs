@@ -19,15 +19,30 @@ use calm::testing::linearizability::KvOutput;
 use calm::testing::servers::{Signal, send_signal};
 
 /// What a fault test does to the server.
-pub(crate) trait Server: Send {
+pub(crate) trait Server: Send + Sized {
+    /// Whether this process started the server (an external one, from
+    /// `CALM_POSTGRES_URL` or `CALM_ETCD_ENDPOINTS`, cannot be frozen or
+    /// killed).
+    fn is_ours(&self) -> bool;
     /// Freezes (`Stop`) or resumes (`Cont`) the whole server.
     fn signal(&mut self, signal: Signal);
     /// Kills the server and starts it again on the same data and port.
     fn crash_and_restart(&mut self);
 }
 
+/// A server this process started, or a loud skip (a missing binary
+/// without `CALM_REQUIRE_SERVERS=1`, or an external server).
+fn own_server<T: Server>(started: Result<T, calm::testing::servers::ServerError>) -> Option<T> {
+    let server = calm::testing::servers::skip_or_fail(started)?;
+    if !server.is_ours() {
+        eprintln!("SKIPPED: an external server cannot be frozen or killed");
+        return None;
+    }
+    Some(server)
+}
+
 /// Runs blocking server control off the async workers.
-fn control<T: Server + ?Sized>(server: &Mutex<&mut T>, f: impl FnOnce(&mut T)) {
+fn control<T: Server>(server: &Mutex<&mut T>, f: impl FnOnce(&mut T)) {
     tokio::task::block_in_place(|| f(&mut **server.lock().unwrap()));
 }
 
@@ -42,7 +57,7 @@ pub(crate) async fn linearizable_under_faults<S, T>(
     server: &mut T,
 ) where
     S: Store + Clone + 'static,
-    T: Server + ?Sized,
+    T: Server,
 {
     let keys = (0..16)
         .map(|i| format!("{prefix}lin/{i}").into_bytes())
@@ -101,7 +116,7 @@ pub(crate) async fn linearizable_under_faults<S, T>(
 pub(crate) async fn watchers_see_every_revision<S, T>(store: S, prefix: &str, server: &mut T)
 where
     S: Store + Clone + 'static,
-    T: Server + ?Sized,
+    T: Server,
 {
     const WRITERS: usize = 16;
     const PER_WRITER: usize = 60;
@@ -448,6 +463,10 @@ mod postgres {
     use super::Server;
 
     impl Server for PostgresServer {
+        fn is_ours(&self) -> bool {
+            self.process().is_some()
+        }
+
         fn signal(&mut self, signal: Signal) {
             self.process()
                 .expect("a server of ours")
@@ -460,18 +479,8 @@ mod postgres {
         }
     }
 
-    /// A server of our own (an external one cannot be frozen or killed).
-    fn own_server() -> Option<PostgresServer> {
-        let server = skip_or_fail(PostgresServer::start())?;
-        if server.process().is_none() {
-            eprintln!("SKIPPED: an external server (CALM_POSTGRES_URL) cannot be frozen or killed");
-            return None;
-        }
-        Some(server)
-    }
-
     async fn linearizable(clients: usize) {
-        let Some(mut server) = own_server() else {
+        let Some(mut server) = super::own_server(PostgresServer::start()) else {
             return;
         };
         let options = PostgresOptions::new(server.url()).with_schema(format!("lin{clients}"));
@@ -494,7 +503,7 @@ mod postgres {
     /// Every watcher sees every revision once, in order, across a restart.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn watchers_see_every_revision() {
-        let Some(mut server) = own_server() else {
+        let Some(mut server) = super::own_server(PostgresServer::start()) else {
             return;
         };
         let store = crate::backends::postgres::connect(
@@ -538,11 +547,15 @@ mod postgres {
 
 #[cfg(feature = "etcd")]
 mod etcd {
-    use calm::testing::servers::{EtcdServer, Signal, skip_or_fail};
+    use calm::testing::servers::{EtcdServer, Signal};
 
     use super::Server;
 
     impl Server for EtcdServer {
+        fn is_ours(&self) -> bool {
+            self.process().is_some()
+        }
+
         fn signal(&mut self, signal: Signal) {
             self.process()
                 .expect("a server of ours")
@@ -555,22 +568,10 @@ mod etcd {
         }
     }
 
-    /// A server of our own (an external one cannot be frozen or killed).
-    fn own_server() -> Option<EtcdServer> {
-        let server = skip_or_fail(EtcdServer::start())?;
-        if server.process().is_none() {
-            eprintln!(
-                "SKIPPED: an external server (CALM_ETCD_ENDPOINTS) cannot be frozen or killed"
-            );
-            return None;
-        }
-        Some(server)
-    }
-
     /// 16 clients: linearizable across a frozen and a killed server.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn linearizable_16_clients_under_faults() {
-        let Some(mut server) = own_server() else {
+        let Some(mut server) = super::own_server(EtcdServer::start()) else {
             return;
         };
         let store = crate::backends::etcd::connect(server.endpoints()).await;
@@ -581,7 +582,7 @@ mod etcd {
     /// (re-watching from where it was when etcd's stream breaks).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn watchers_see_every_revision() {
-        let Some(mut server) = own_server() else {
+        let Some(mut server) = super::own_server(EtcdServer::start()) else {
             return;
         };
         let store = crate::backends::etcd::connect(server.endpoints()).await;

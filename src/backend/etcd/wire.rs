@@ -380,8 +380,16 @@ impl Rpc {
         Ok(())
     }
 
-    fn grpc(&self) -> tonic::client::Grpc<Channel> {
-        tonic::client::Grpc::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    /// A client on the channel once it can take a request (a failure here
+    /// sent nothing).
+    async fn ready(&self) -> Result<tonic::client::Grpc<Channel>, CallError> {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        grpc.ready().await.map_err(|e| CallError {
+            status: Status::unavailable(e.to_string()),
+            never_sent: true,
+        })?;
+        Ok(grpc)
     }
 
     fn request<M>(&self, message: M, with_token: bool) -> Request<M> {
@@ -405,11 +413,7 @@ impl Rpc {
         M1: prost::Message + Send + Sync + 'static,
         M2: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = self.grpc();
-        grpc.ready().await.map_err(|e| CallError {
-            status: Status::unavailable(e.to_string()),
-            never_sent: true,
-        })?;
+        let mut grpc = self.ready().await?;
         grpc.unary(
             self.request(message, with_token),
             PathAndQuery::from_static(path),
@@ -452,11 +456,7 @@ impl Rpc {
         M1: prost::Message + Send + Sync + 'static,
         M2: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = self.grpc();
-        grpc.ready().await.map_err(|e| CallError {
-            status: Status::unavailable(e.to_string()),
-            never_sent: true,
-        })?;
+        let mut grpc = self.ready().await?;
         grpc.streaming(
             self.request(requests, true),
             PathAndQuery::from_static(path),
