@@ -30,6 +30,29 @@ pub(crate) trait Server: Send + Sized {
     fn crash_and_restart(&mut self);
 }
 
+/// Implements [`Server`] for one of `calm::testing::servers`' servers.
+macro_rules! server {
+    ($server:ty) => {
+        impl super::Server for $server {
+            fn is_ours(&self) -> bool {
+                self.process().is_some()
+            }
+
+            fn signal(&mut self, signal: Signal) {
+                self.process()
+                    .expect("a server of ours")
+                    .signal_all(signal)
+                    .unwrap();
+            }
+
+            fn crash_and_restart(&mut self) {
+                self.restart().unwrap();
+            }
+        }
+    };
+}
+use server;
+
 /// A server this process started, or a loud skip (a missing binary
 /// without `CALM_REQUIRE_SERVERS=1`, or an external server).
 fn own_server<T: Server>(started: Result<T, calm::testing::servers::ServerError>) -> Option<T> {
@@ -460,24 +483,7 @@ mod postgres {
     use calm::backend::postgres::PostgresOptions;
     use calm::testing::servers::{PostgresServer, Signal, skip_or_fail};
 
-    use super::Server;
-
-    impl Server for PostgresServer {
-        fn is_ours(&self) -> bool {
-            self.process().is_some()
-        }
-
-        fn signal(&mut self, signal: Signal) {
-            self.process()
-                .expect("a server of ours")
-                .signal_all(signal)
-                .unwrap();
-        }
-
-        fn crash_and_restart(&mut self) {
-            self.restart().unwrap();
-        }
-    }
+    super::server!(PostgresServer);
 
     async fn linearizable(clients: usize) {
         let Some(mut server) = super::own_server(PostgresServer::start()) else {
@@ -549,24 +555,7 @@ mod postgres {
 mod etcd {
     use calm::testing::servers::{EtcdServer, Signal};
 
-    use super::Server;
-
-    impl Server for EtcdServer {
-        fn is_ours(&self) -> bool {
-            self.process().is_some()
-        }
-
-        fn signal(&mut self, signal: Signal) {
-            self.process()
-                .expect("a server of ours")
-                .signal_all(signal)
-                .unwrap();
-        }
-
-        fn crash_and_restart(&mut self) {
-            self.restart().unwrap();
-        }
-    }
+    super::server!(EtcdServer);
 
     /// 16 clients: linearizable across a frozen and a killed server.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
