@@ -46,9 +46,11 @@ pub(super) struct Request {
     pub reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
-/// Below this many single-key writes, the general call is cheaper than
-/// the set-based one (whose plan costs more to start than to run).
-const SET_BASED_FROM: usize = 2;
+/// From this many single-key writes on, the set-based `apply_keys` is
+/// cheaper than `apply_each`'s statements per write (measured with
+/// pgbench on PostgreSQL 15: about 200 µs + 27 µs a write against 310 µs
+/// + 16 µs a write).
+const SET_BASED_FROM: usize = 10;
 
 impl Request {
     fn bytes(&self) -> usize {
@@ -121,8 +123,8 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
         if batch.is_empty() {
             continue;
         }
-        // Single-key writes on distinct keys go in one set-based call; the
-        // rest (transactions, later writes of a key already in it) in one
+        // Single-key writes on distinct keys go in one call of their own;
+        // the rest (transactions, later writes of a key already in it) in one
         // general call after it, where compare-and-sets that lost to the
         // first call's writes fail in the lock-free pre-check. All of them
         // were pending together, so any order is a valid order.
@@ -130,11 +132,6 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
         let (singles, general): (Vec<Request>, Vec<Request>) = batch
             .into_iter()
             .partition(|r| r.single.is_some() && keys.insert(r.success[0].key().to_vec()));
-        let (singles, general) = if singles.len() >= SET_BASED_FROM {
-            (singles, general)
-        } else {
-            (Vec::new(), singles.into_iter().chain(general).collect())
-        };
         if !singles.is_empty() {
             let replies = run_keys(&pool, &sql, &singles).await;
             answer(singles, replies);
@@ -163,7 +160,8 @@ fn answer(batch: Vec<Request>, replies: Result<Vec<Result<Reply, StoreError>>, S
     }
 }
 
-/// Sends single-key writes on distinct keys as one `apply_keys` call.
+/// Sends single-key writes on distinct keys as one call of `apply_each`
+/// or, for a long batch, `apply_keys`.
 async fn run_keys(
     pool: &Pool,
     sql: &Sql,
@@ -198,7 +196,12 @@ async fn run_keys(
     let params: [&(dyn ToSql + Sync); 6] = [&kind, &key, &value, &lease, &expect, &version];
     // One autocommit statement: a connection lost while it runs leaves
     // its commit unknown.
-    let rows = query(pool, &sql.apply_keys, &params, true).await?;
+    let statement = if n < SET_BASED_FROM {
+        &sql.apply_each
+    } else {
+        &sql.apply_keys
+    };
+    let rows = query(pool, statement, &params, true).await?;
     let mut replies: Vec<Option<Result<Reply, StoreError>>> = (0..n).map(|_| None).collect();
     for row in &rows {
         let Some(i) = usize::try_from(row.get::<_, i32>(0))
