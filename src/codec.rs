@@ -78,6 +78,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::merge::for_each_tuple;
+
 /// The version of the binary format written by this crate.
 ///
 /// Decoding bytes written with any other version fails with
@@ -481,6 +483,9 @@ pub(crate) mod tags {
     pub(crate) const AUTOMERGE: u8 = 50;
     pub(crate) const TEXT_OP: u8 = 12;
     pub(crate) const TEXT: u8 = 13;
+    pub(crate) const OPTION: u8 = 14;
+    /// A tuple of arity `n` (1 to 12) has the tag `TUPLES + n`: 15 to 26.
+    pub(crate) const TUPLES: u8 = 14;
 }
 
 macro_rules! unsigned_codec {
@@ -591,25 +596,28 @@ impl<T: Codec> Codec for Option<T> {
     }
 }
 
-impl<A: Codec, B: Codec> Codec for (A, B) {
-    fn encode(&self, enc: &mut Encoder) {
-        self.0.encode(enc);
-        self.1.encode(enc);
-    }
-    fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
-        Ok((A::decode(dec)?, B::decode(dec)?))
-    }
-}
+/// Tuples: the fields in order, no framing (every field frames itself).
+/// At top level, a tuple of arity `n` has the tag `tags::TUPLES + n`.
+macro_rules! tuple_codec {
+    ($n:literal: $($t:ident $i:tt),+) => {
+        impl<$($t: Codec),+> Codec for ($($t,)+) {
+            fn encode(&self, enc: &mut Encoder) {
+                $(self.$i.encode(enc);)+
+            }
+            fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
+                Ok(($($t::decode(dec)?,)+))
+            }
+        }
 
-impl<A: Codec, B: Codec, C: Codec> Codec for (A, B, C) {
-    fn encode(&self, enc: &mut Encoder) {
-        self.0.encode(enc);
-        self.1.encode(enc);
-        self.2.encode(enc);
-    }
-    fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
-        Ok((A::decode(dec)?, B::decode(dec)?, C::decode(dec)?))
-    }
+        impl<$($t: Codec),+> Tagged for ($($t,)+) {
+            const TAG: u8 = tags::TUPLES + $n;
+        }
+    };
+}
+for_each_tuple!(tuple_codec);
+
+impl<T: Codec> Tagged for Option<T> {
+    const TAG: u8 = tags::OPTION;
 }
 
 impl<T: Codec> Codec for Vec<T> {

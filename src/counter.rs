@@ -150,6 +150,8 @@ impl Merge for GCounter {
 }
 
 impl DeltaMerge for GCounter {
+    type Summary = VersionVector;
+
     /// Each replica's slot: slots only grow, so a slot's value orders that
     /// replica's increments exactly as a dot counter would.
     fn version_vector(&self) -> VersionVector {
@@ -280,6 +282,8 @@ impl Merge for PnCounter {
 }
 
 impl DeltaMerge for PnCounter {
+    type Summary = VersionVector;
+
     /// Per replica, increments plus decrements. Both only grow and only
     /// that replica moves them, so the sum orders its updates. A sum that
     /// would pass `u64::MAX` saturates, and a saturated entry is always

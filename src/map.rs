@@ -210,6 +210,8 @@ impl<K: Ord + Clone, V: Clone> Merge for OrMap<K, V> {
 }
 
 impl<K: Ord + Clone, V: Clone> DeltaMerge for OrMap<K, V> {
+    type Summary = VersionVector;
+
     fn version_vector(&self) -> VersionVector {
         self.store.ctx.version_vector()
     }

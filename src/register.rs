@@ -191,6 +191,30 @@ impl<T: Ord + Clone> Merge for LwwRegister<T> {
     }
 }
 
+/// Deltas for a register: its "version vector" names only the winning
+/// write (`{writer: Lamport counter}`). A receiver whose vector covers that
+/// entry has seen this write or a later one from the same writer (stamps
+/// only grow), so it gets the empty register; anyone else gets the value.
+impl<T: Ord + Clone + Default> DeltaMerge for LwwRegister<T> {
+    type Summary = VersionVector;
+
+    fn version_vector(&self) -> VersionVector {
+        let mut vv = VersionVector::new();
+        vv.observe(self.stamp.replica, self.stamp.counter);
+        vv
+    }
+
+    fn delta(&self, since: &VersionVector) -> Self {
+        // The zero stamp is never "seen": it ties with the empty register,
+        // which only the value itself can break.
+        if self.stamp.counter > 0 && since.get(self.stamp.replica) >= self.stamp.counter {
+            Self::default()
+        } else {
+            self.clone()
+        }
+    }
+}
+
 impl<T: Codec> Codec for LwwRegister<T> {
     fn encode(&self, enc: &mut Encoder) {
         self.stamp.encode(enc);
@@ -350,6 +374,8 @@ impl<T: Clone> Merge for MvRegister<T> {
 }
 
 impl<T: Clone> DeltaMerge for MvRegister<T> {
+    type Summary = VersionVector;
+
     fn version_vector(&self) -> VersionVector {
         self.ctx.version_vector()
     }

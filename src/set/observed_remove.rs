@@ -135,6 +135,8 @@ impl<T: Ord + Clone> Merge for OrSet<T> {
 }
 
 impl<T: Ord + Clone> DeltaMerge for OrSet<T> {
+    type Summary = VersionVector;
+
     fn version_vector(&self) -> VersionVector {
         self.store.ctx.version_vector()
     }

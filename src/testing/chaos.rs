@@ -50,14 +50,14 @@ pub enum Event<Op> {
     },
 }
 
-/// A message in flight.
-struct Message<T> {
+/// A message in flight; `S` is the sender's summary type.
+struct Message<T, S> {
     to: usize,
     from: usize,
     payload: T,
     /// The sender's version vector when it sent, piggybacked so the receiver
     /// can compute deltas back to it.
-    sender_vv: Option<VersionVector>,
+    sender_vv: Option<S>,
 }
 
 fn events<T: RandomOps>(cfg: &Config) -> impl Strategy<Value = Vec<Event<T::Op>>> {
@@ -78,16 +78,19 @@ fn events<T: RandomOps>(cfg: &Config) -> impl Strategy<Value = Vec<Event<T::Op>>
 /// How a run turns a state into a message, and how the final exchange
 /// brings every replica up to date.
 trait Gossip<T> {
+    /// What a replica learns of another's version vector.
+    type Summary: Merge + Clone + Default;
     /// The payload `from` sends; `known` is the receiver's version vector
     /// as `from` last heard it.
-    fn payload(&self, from: &T, known: &VersionVector, full: bool) -> T;
+    fn payload(&self, from: &T, known: &Self::Summary, full: bool) -> T;
     /// `from`'s version vector, if this mode ships deltas.
-    fn version_vector(&self, state: &T) -> Option<VersionVector>;
+    fn version_vector(&self, state: &T) -> Option<Self::Summary>;
 }
 
 struct FullStates;
 
 impl<T: Clone> Gossip<T> for FullStates {
+    type Summary = VersionVector;
     fn payload(&self, from: &T, _: &VersionVector, _: bool) -> T {
         from.clone()
     }
@@ -99,29 +102,30 @@ impl<T: Clone> Gossip<T> for FullStates {
 struct Deltas;
 
 impl<T: DeltaMerge + Clone> Gossip<T> for Deltas {
-    fn payload(&self, from: &T, known: &VersionVector, full: bool) -> T {
+    type Summary = T::Summary;
+    fn payload(&self, from: &T, known: &T::Summary, full: bool) -> T {
         if full {
             from.clone()
         } else {
             from.delta(known)
         }
     }
-    fn version_vector(&self, state: &T) -> Option<VersionVector> {
+    fn version_vector(&self, state: &T) -> Option<T::Summary> {
         Some(state.version_vector())
     }
 }
 
-fn receive<T: RandomOps>(states: &mut [T], msg: &Message<T>) -> Result<(), Failure> {
+fn receive<T: RandomOps, S>(states: &mut [T], msg: &Message<T, S>) -> Result<(), Failure> {
     let before = states[msg.to].clone();
     states[msg.to].merge(&msg.payload);
     check_inflation(&before, &states[msg.to], "delivery")
 }
 
 /// Delivers `msg`, also recording the sender's piggybacked version vector.
-fn deliver<T: RandomOps>(
+fn deliver<T: RandomOps, S: Merge>(
     states: &mut [T],
-    known: &mut [Vec<VersionVector>],
-    msg: &Message<T>,
+    known: &mut [Vec<S>],
+    msg: &Message<T, S>,
 ) -> Result<(), Failure> {
     if let Some(vv) = &msg.sender_vv {
         known[msg.to][msg.from].merge(vv);
@@ -136,8 +140,8 @@ fn simulate<T: RandomOps, G: Gossip<T>>(
 ) -> Result<(), Failure> {
     let mut states = vec![T::default(); n];
     // known[i][j]: replica j's version vector as replica i last heard it.
-    let mut known = vec![vec![VersionVector::new(); n]; n];
-    let mut in_flight: Vec<Message<T>> = Vec::new();
+    let mut known = vec![vec![G::Summary::default(); n]; n];
+    let mut in_flight: Vec<Message<T, G::Summary>> = Vec::new();
     // The join of every state a local update produced: where everyone must
     // end up.
     let mut everything = T::default();
@@ -190,7 +194,7 @@ fn simulate<T: RandomOps, G: Gossip<T>>(
                 if from != to {
                     let vv = gossip.version_vector(&states[to]).unwrap_or_default();
                     let payload = gossip.payload(&states[from], &vv, false);
-                    let msg = Message {
+                    let msg: Message<T, G::Summary> = Message {
                         to,
                         from,
                         payload,

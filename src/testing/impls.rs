@@ -229,3 +229,34 @@ impl RandomOps for Text {
         }
     }
 }
+
+/// Tuples: an update touches any subset of the fields (`None` leaves a
+/// field alone), so histories interleave updates of different fields.
+macro_rules! tuple_random_ops {
+    ($n:literal: $($t:ident $i:tt),+) => {
+        impl<$($t: RandomOps + 'static),+> RandomOps for ($($t,)+) {
+            type Op = ($(Option<$t::Op>,)+);
+            fn op_strategy() -> BoxedStrategy<Self::Op> {
+                ($(proptest::option::of($t::op_strategy()),)+).boxed()
+            }
+            fn apply(&mut self, replica: ReplicaId, op: &Self::Op) {
+                $(if let Some(op) = &op.$i {
+                    self.$i.apply(replica, op);
+                })+
+            }
+        }
+    };
+}
+crate::merge::for_each_tuple!(tuple_random_ops);
+
+/// `Option`: an update of an absent value first creates it (from the
+/// bottom `None` to `Some(T::default())`, itself an inflation).
+impl<T: RandomOps + 'static> RandomOps for Option<T> {
+    type Op = T::Op;
+    fn op_strategy() -> BoxedStrategy<T::Op> {
+        T::op_strategy()
+    }
+    fn apply(&mut self, replica: ReplicaId, op: &T::Op) {
+        self.get_or_insert_with(T::default).apply(replica, op);
+    }
+}

@@ -7,7 +7,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 
 use super::{Config, LawViolation, RandomOps, run};
-use crate::causal::{ReplicaId, VersionVector};
+use crate::causal::ReplicaId;
 use crate::codec::{self, Encoder, Tagged};
 use crate::merge::{DeltaMerge, Merge};
 
@@ -168,7 +168,7 @@ pub fn check_delta<T: RandomOps + DeltaMerge>(cfg: &Config) -> Result<(), LawVio
                 }
                 expect_eq(
                     "delta equivalence",
-                    &x.merged(&y.delta(&VersionVector::new())),
+                    &x.merged(&y.delta(&T::Summary::default())),
                     &full,
                     "x ⊔ y.delta(∅) != x ⊔ y",
                 )?;

@@ -612,6 +612,8 @@ impl Merge for Text {
 }
 
 impl DeltaMerge for Text {
+    type Summary = VersionVector;
+
     fn version_vector(&self) -> VersionVector {
         self.history
             .agents
