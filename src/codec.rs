@@ -80,6 +80,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::merge::for_each_tuple;
 
+/// `#[derive(Codec)]` (feature `derive`): the fields in order, and with
+/// `#[calm(tag = N)]` a [`Tagged`] type.
+#[cfg(feature = "derive")]
+pub use calm_derive::Codec;
+
 /// The version of the binary format written by this crate.
 ///
 /// Decoding bytes written with any other version fails with

@@ -89,6 +89,8 @@
 //! - `etcd`: the etcd backend (`tonic`; building it needs no `protoc`).
 //! - `crdts`: adapters for the `crdts` crate.
 //! - `automerge`: adapters for automerge documents.
+//! - `derive`: `#[derive(Merge, DeltaMerge, Codec)]` for a struct whose
+//!   fields are states (the `calm-derive` crate).
 //! - `tracing`: log events (lease renewals failing, suspended and lost,
 //!   with their causes; retries backing off and giving up; watches
 //!   reconnecting) through the `tracing` crate.
@@ -117,6 +119,10 @@ pub mod testing;
 pub mod text;
 mod trace;
 
+/// `#[derive(Merge)]`, `#[derive(DeltaMerge)]` (feature `derive`): see
+/// [`calm_derive`'s docs](https://docs.rs/calm-derive).
+#[cfg(feature = "derive")]
+pub use calm_derive::{DeltaMerge, Merge};
 pub use counter::{CounterOverflow, GCounter, PnCounter};
 pub use error::Error;
 pub use map::OrMap;

@@ -1,41 +1,5 @@
 //! The common interface: [`Merge`] for every state, [`DeltaMerge`] for
 //! states that can ship only what a peer is missing.
-//!
-//! # Composite states
-//!
-//! A service's state is rarely one CRDT. Tuples (of 1 to 12 states) and
-//! `Option` are states themselves, and so is a struct whose fields are
-//! states, with `#[derive(Merge, DeltaMerge)]` (feature `derive`):
-//!
-//! - merge is field by field (the product lattice), so the laws hold
-//!   because they hold for every field;
-//! - the summary a peer sends ([`DeltaMerge::Summary`]) is one version
-//!   vector per field, and a delta is a delta per field. The fields'
-//!   vectors are *not* joined into one: each field counts updates on its
-//!   own scale, so a joined vector would tell one field that the peer has
-//!   updates only another field has, and the delta would leave them out;
-//! - `None` is the bottom of `Option<T>`: `None ⊔ x == x`.
-//!
-//! ```
-//! use calm::causal::ReplicaId;
-//! use calm::{DeltaMerge, Merge, OrSet, PnCounter};
-//!
-//! let (a, b) = (ReplicaId::new(1), ReplicaId::new(2));
-//! let mut x: (OrSet<&str>, PnCounter) = Default::default();
-//! for _ in 0..50 {
-//!     x.1.increment(a, 1); // the counter moves far ahead of the set...
-//! }
-//! x.0.insert(a, "apples");
-//! let mut y = x.clone();
-//! y.0.insert(b, "bread");
-//! y.1.decrement(b, 2);
-//!
-//! let delta = y.delta(&x.version_vector());
-//! assert_eq!(delta.0.len(), 1); // only "bread"
-//! x.merge(&delta);
-//! assert_eq!(x, y);
-//! assert_eq!(x.1.value(), 48);
-//! ```
 
 use std::fmt;
 
@@ -114,6 +78,45 @@ pub trait Merge {
 ///
 /// A delta against an older version vector of the receiver is still correct,
 /// only larger.
+///
+/// # Composite states
+///
+/// A service's state is rarely one CRDT. Tuples (of 1 to 12 states) and
+/// `Option` are states themselves, and so is a struct whose fields are
+/// states, with `#[derive(Merge, DeltaMerge)]` (feature `derive`):
+///
+/// - merge is field by field (the product lattice), so the laws hold
+///   because they hold for every field;
+/// - the summary a peer sends ([`DeltaMerge::Summary`]) is one version
+///   vector per field, and a delta is a delta per field. The fields'
+///   vectors are *not* joined into one: each field counts updates on its
+///   own scale, so a joined vector would tell one field that the peer has
+///   updates only another field has, and the delta would leave them out;
+/// - `None` is the bottom of `Option<T>`: `None ⊔ x == x`.
+///
+/// A pair whose counter has moved far ahead of its set still gets
+/// exactly the set's new element:
+///
+/// ```
+/// use calm::causal::ReplicaId;
+/// use calm::{DeltaMerge, Merge, OrSet, PnCounter};
+///
+/// let (a, b) = (ReplicaId::new(1), ReplicaId::new(2));
+/// let mut x: (OrSet<&str>, PnCounter) = Default::default();
+/// for _ in 0..50 {
+///     x.1.increment(a, 1); // the counter moves far ahead of the set...
+/// }
+/// x.0.insert(a, "apples");
+/// let mut y = x.clone();
+/// y.0.insert(b, "bread");
+/// y.1.decrement(b, 2);
+///
+/// let delta = y.delta(&x.version_vector());
+/// assert_eq!(delta.0.len(), 1); // only "bread"
+/// x.merge(&delta);
+/// assert_eq!(x, y);
+/// assert_eq!(x.1.value(), 48);
+/// ```
 ///
 /// # Examples
 ///

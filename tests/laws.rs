@@ -80,6 +80,8 @@ state_laws! {
     option: Option<OrSet<u8>>;
     option_of_pair: Option<(GCounter, OrSet<u8>)>;
     pair_of_options: (Option<PnCounter>, Option<Text>);
+    derived_cart: crate::derive::Cart;
+    derived_generic_tuple_struct: crate::derive::Tally<u8>;
 }
 
 mod delta {
@@ -100,5 +102,7 @@ mod delta {
         option: Option<OrSet<u8>>;
         option_of_pair: Option<(GCounter, OrSet<u8>)>;
         pair_of_options: (Option<PnCounter>, Option<Text>);
+        derived_cart: crate::derive::Cart;
+        derived_generic_tuple_struct: crate::derive::Tally<u8>;
     }
 }

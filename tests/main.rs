@@ -7,6 +7,7 @@ mod common;
 mod coord;
 mod coord_idempotent;
 mod coord_ownership;
+mod derive;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod faults;
 mod fuzz_seeds;
