@@ -496,7 +496,9 @@ async fn lease_suspends_recovers_and_is_lost_with_its_cause() {
         .expect("lost after a TTL without renewals");
     match &loss {
         LeaseLoss::Unreachable { cause: Some(e) } => {
-            assert!(e.to_string().contains("disconnected"), "{e}");
+            let cause = std::error::Error::source(&**e).map(ToString::to_string);
+            assert!(cause.is_some_and(|c| c.contains("disconnected")), "{e:?}");
+            assert!(loss.to_string().contains("disconnected"), "{loss}");
         }
         other => panic!("expected Unreachable with a cause, got {other:?}"),
     }

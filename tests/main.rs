@@ -6,8 +6,10 @@ mod codec;
 mod common;
 mod coord;
 mod coord_idempotent;
+mod coord_leader;
 mod coord_ownership;
 mod derive;
+mod errors;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod faults;
 mod fuzz_seeds;

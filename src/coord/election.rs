@@ -1,5 +1,10 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
 use super::queue::{self, Ticket};
-use super::{CoordError, FencingToken, Lease};
+use super::{CoordError, FencingToken, Lease, LeaseState};
 use crate::occ::RetryPolicy;
 use crate::store::{Compare, CompareOp, KeySpan, Store, Txn, TxnOp, Watch};
 
@@ -81,13 +86,20 @@ impl<S: Store + Clone + 'static> Election<S> {
         })
     }
 
+    /// The store the election runs on.
+    pub(super) fn store(&self) -> &S {
+        &self.store
+    }
+
     /// Refuses to join when `cap` candidates already wait ahead.
+    #[must_use = "the builder returns the configured value"]
     pub fn with_max_candidates(mut self, cap: usize) -> Self {
         self.cap = Some(cap);
         self
     }
 
     /// Sets how transient store errors are retried while waiting.
+    #[must_use = "the builder returns the configured value"]
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -127,6 +139,8 @@ impl<S: Store + Clone + 'static> Election<S> {
         Ok(Leadership {
             store: self.store.clone(),
             ticket,
+            lease: lease.status(),
+            resigned: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -184,11 +198,16 @@ fn leader_info(kv: crate::store::KeyValue) -> LeaderInfo {
 /// A term of leadership won by [`Election::campaign`].
 ///
 /// Dropping it does not resign: the term lasts as long as the lease.
+/// Clones share the term: resigning one ends it for all.
 #[derive(Debug, Clone)]
 #[must_use = "a term is a claim to act as leader: use its token, or resign it"]
 pub struct Leadership<S> {
     store: S,
     ticket: Ticket,
+    /// The term's lease as its keeper sees it.
+    lease: watch::Receiver<LeaseState>,
+    /// Set by `resign`.
+    resigned: Arc<AtomicBool>,
 }
 
 impl<S: Store + Clone + 'static> Leadership<S> {
@@ -200,6 +219,64 @@ impl<S: Store + Clone + 'static> Leadership<S> {
     /// The leader's key.
     pub fn key(&self) -> &[u8] {
         &self.ticket.key
+    }
+
+    /// Whether this process may still act as leader, as far as it knows
+    /// without asking the store: the term was not resigned and its lease's
+    /// last renewal succeeded ([`LeaseState::Alive`]). Costs a memory read,
+    /// so it fits before every step of a loop.
+    ///
+    /// `false` is final except while the lease is
+    /// [`Suspended`](LeaseState::Suspended) (renewals failing; the store
+    /// may already have ended the term): it turns `true` again if a
+    /// renewal gets through. `true` can be stale (this process may have
+    /// been paused since), which is why writes carry the
+    /// [`token`](Leadership::token) to a fence and why
+    /// [`verify`](Leadership::verify) asks the store.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use calm::coord::{Election, Lease};
+    /// use calm::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::coord::CoordError> {
+    /// let store = MemoryStore::new();
+    /// let election = Election::new(store.clone(), "jobs/leader/")?;
+    /// let lease = Lease::grant(store, Duration::from_secs(10)).await?;
+    /// let term = election.campaign(&lease, b"node-a").await?;
+    /// assert!(term.is_leading());
+    /// lease.revoke().await?;
+    /// assert!(!term.is_leading());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn is_leading(&self) -> bool {
+        !self.resigned.load(Ordering::Acquire) && matches!(*self.lease.borrow(), LeaseState::Alive)
+    }
+
+    /// Completes when the store ends this term: its key is deleted
+    /// (resigned, or its lease expired or was revoked) or replaced. Store
+    /// failures while following it are retried with backoff; this does
+    /// not decide that an unreachable store ended the term (the lease's
+    /// keeper does, see [`Lease::lost`]).
+    ///
+    /// # Errors
+    ///
+    /// A store error that retrying cannot clear.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads and watches.
+    pub async fn ended(&self) -> Result<(), CoordError> {
+        queue::ended(&self.store, &self.ticket).await
+    }
+
+    /// The term's lease state, as its keeper last saw it.
+    pub fn lease_state(&self) -> LeaseState {
+        self.lease.borrow().clone()
     }
 
     /// Checks, in one transaction, that this term is still current (its key
@@ -279,6 +356,7 @@ impl<S: Store + Clone + 'static> Leadership<S> {
     /// As [`Store::txn`]; if it never reaches the store, the term ends with
     /// the lease.
     pub async fn resign(self) -> Result<(), CoordError> {
+        self.resigned.store(true, Ordering::Release);
         queue::leave(&self.store, &self.ticket).await
     }
 }

@@ -74,8 +74,8 @@ pub enum CoordError {
     #[error("stored record does not deserialize: {0}")]
     Record(#[from] serde_json::Error),
     /// An observer's watch ended (history compacted, store closed).
-    #[error("observation ended: {0}")]
-    ObserveEnded(StoreError),
+    #[error("observation ended")]
+    ObserveEnded(#[source] StoreError),
 }
 
 impl CoordError {

@@ -40,10 +40,17 @@ impl std::fmt::Display for LeaseLoss {
         match self {
             LeaseLoss::Expired => f.write_str("the store ended it"),
             LeaseLoss::Unreachable { cause: Some(e) } => {
+                // The whole chain: this is a report, not an error link.
                 write!(
                     f,
-                    "the store was unreachable for a whole TTL (last error: {e})"
-                )
+                    "the store was unreachable for a whole TTL (last error: {e}"
+                )?;
+                let mut next = std::error::Error::source(&**e);
+                while let Some(cause) = next {
+                    write!(f, ": {cause}")?;
+                    next = cause.source();
+                }
+                f.write_str(")")
             }
             LeaseLoss::Unreachable { cause: None } => {
                 f.write_str("the store did not answer for a whole TTL")
@@ -271,6 +278,12 @@ impl<S: Store + Clone + 'static> Lease<S> {
     /// with time left).
     pub fn is_alive(&self) -> bool {
         !matches!(*self.status.borrow(), LeaseState::Lost(_))
+    }
+
+    /// A receiver of the keeper's view, for grants that outlive a borrow
+    /// of the lease (a term's synchronous "still leader?").
+    pub(super) fn status(&self) -> watch::Receiver<LeaseState> {
+        self.status.clone()
     }
 
     /// Where the lease stands.

@@ -25,7 +25,8 @@
 //!   [`lost`](Lease::lost) signal;
 //! - [`Election`] and [`Lock`]: a line of keys ordered by create revision;
 //!   each waiter watches only its predecessor; leaders verify before they
-//!   act;
+//!   act; [`LeaderLoop`] runs the leader's work while a term lasts and
+//!   campaigns again when it ends;
 //! - [`Idempotent`]: run once per key, return the recorded outcome to
 //!   repeats, take over crashed runs with a higher token;
 //! - [`Ownership`]: one owner per key among live members (rendezvous
@@ -73,6 +74,7 @@ mod election;
 mod error;
 mod fence;
 mod idempotent;
+mod leader;
 mod lease;
 mod lock;
 mod ownership;
@@ -82,6 +84,7 @@ pub use election::{Election, LeaderInfo, Leadership, Observer};
 pub use error::{CoordError, Fenced};
 pub use fence::{Fence, FencingToken, StoreFence};
 pub use idempotent::{Completed, Idempotent};
+pub use leader::{Exit, LeaderLoop, Role};
 pub use lease::{Lease, LeaseLoss, LeaseOptions, LeaseState, MAX_TTL};
 pub use lock::{Lock, LockGuard};
 pub use ownership::{Member, Ownership, View, rendezvous_score};

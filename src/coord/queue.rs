@@ -294,6 +294,46 @@ pub(crate) async fn verify<S: Store>(store: &S, ticket: &Ticket) -> Result<(), C
     }
 }
 
+/// Completes when the store ends `ticket`: its key deleted (released, or
+/// its lease ended) or replaced. Follows the key with a watch; a watch
+/// that fails is started again after a fresh check.
+pub(crate) async fn ended<S: Store>(store: &S, ticket: &Ticket) -> Result<(), CoordError> {
+    let mut failures = 0u32;
+    loop {
+        let followed = async {
+            let check = Txn::new().when(Compare::create_revision(
+                &ticket.key,
+                crate::store::CompareOp::Equal,
+                ticket.rev,
+            ));
+            let now = store.txn(check).await?;
+            if !now.succeeded {
+                return Ok(());
+            }
+            let mut watch = store
+                .watch(KeySpan::Key(ticket.key.clone()), now.revision.next())
+                .await?;
+            loop {
+                let event = watch.next().await?;
+                if event.kind == EventKind::Delete || event.kv.create_revision != ticket.rev {
+                    return Ok::<_, StoreError>(());
+                }
+            }
+        };
+        match followed.await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_retryable() || matches!(e, StoreError::Compacted { .. }) => {
+                // A pause before checking again, growing while the store
+                // stays unreachable.
+                let pause = RetryPolicy::default().backoff(failures);
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Leaves the line (resign, unlock), only if the key is still ours.
 pub(crate) async fn leave<S: Store>(store: &S, ticket: &Ticket) -> Result<(), CoordError> {
     let txn = Txn::new()

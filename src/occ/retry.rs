@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 /// assert!(patient.backoff(3) <= Duration::from_millis(8));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a retry policy does nothing until a loop uses it"]
 pub struct RetryPolicy {
     /// Attempts in all, the first included; at least 1.
     max_attempts: u32,

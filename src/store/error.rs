@@ -14,6 +14,11 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// failures: bad input (fix the call), a lease that is gone (stop acting on
 /// it), history that was compacted (re-read and re-watch), and an
 /// unreachable backend (retry; see [`StoreError::is_retryable`]).
+///
+/// Each error in a chain says only its own part: the cause is its
+/// [`source`](std::error::Error::source), not repeated in its message, so
+/// a reporter that walks the chain (`anyhow`'s `{:#}`, `tracing`'s error
+/// fields) shows each cause once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -71,15 +76,15 @@ pub enum StoreError {
     Contention(#[from] RetryExhausted),
     /// A stored value did not decode as the type asked for (another program
     /// wrote the key, or it holds another type).
-    #[error("stored value under the key does not decode: {0}")]
+    #[error("stored value under the key does not decode")]
     Decode(#[from] DecodeError),
     /// A stored value did not deserialize (typed wrapper).
-    #[error("stored value under the key does not deserialize: {0}")]
+    #[error("stored value under the key does not deserialize")]
     Serde(#[from] serde_json::Error),
     /// The backend could not be reached or the connection broke before the
     /// request was sent, or the request is known not to have been applied.
     /// Retrying is safe.
-    #[error("backend unavailable: {source}")]
+    #[error("backend unavailable")]
     Unavailable {
         /// The client library's error.
         source: BoxError,
@@ -87,7 +92,7 @@ pub enum StoreError {
     /// The connection broke after a write was sent: it may or may not have
     /// been applied. Re-read the key (its version says which), or make the
     /// write idempotent.
-    #[error("outcome unknown, the write may have been applied: {source}")]
+    #[error("outcome unknown: the write may have been applied")]
     Indeterminate {
         /// The client library's error.
         source: BoxError,
@@ -106,7 +111,7 @@ pub enum StoreError {
     #[error("store closed")]
     Closed,
     /// Any other backend failure, with the client library's error.
-    #[error("backend error: {source}")]
+    #[error("backend error")]
     Backend {
         /// The client library's error.
         source: BoxError,

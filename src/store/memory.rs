@@ -19,6 +19,7 @@ use crate::occ::Version;
 /// Settings of a [`MemoryStore`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
+#[must_use = "options do nothing until passed to MemoryStore::with_options"]
 pub struct MemoryStoreOptions {
     /// How many watch events to keep for watches that start in the past.
     /// Older revisions are compacted: watching from them is an error.

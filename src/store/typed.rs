@@ -110,6 +110,7 @@ impl<S: Store, T: Serialize + DeserializeOwned + Send + Sync> Typed<S, T> {
     }
 
     /// Sets the policy of [`Typed::update`] and [`Typed::try_update`].
+    #[must_use = "the builder returns the configured value"]
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self

@@ -201,6 +201,7 @@ impl Expect {
 /// Options of a single-key put.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "options do nothing until passed to a put"]
 pub struct PutOptions {
     /// The compare-and-set condition.
     pub expect: Expect,

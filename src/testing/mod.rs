@@ -95,6 +95,7 @@ pub trait RandomOps: Merge + Clone + PartialEq + fmt::Debug + Default {
 /// Settings shared by the checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a configuration does nothing until passed to a check"]
 pub struct Config {
     /// Random cases per check.
     pub cases: u32,

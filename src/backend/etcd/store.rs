@@ -181,20 +181,38 @@ fn store_error(e: CallError, kind: Kind) -> StoreError {
     }
 }
 
-/// A gRPC status from etcd, shown as its code and message (tonic's own
-/// `Display` repeats its source chain).
+/// A gRPC status from etcd, shown as its code and message, with the root
+/// of its cause chain as its source: tonic's and hyper's links in between
+/// repeat one another ("transport error", "tcp connect error" twice).
 #[derive(Debug)]
 struct EtcdError(tonic::Status);
 
+impl EtcdError {
+    /// The innermost cause of the status (an I/O error, typically).
+    fn root(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let mut root = std::error::Error::source(&self.0)?;
+        while let Some(next) = root.source() {
+            root = next;
+        }
+        Some(root)
+    }
+}
+
 impl std::fmt::Display for EtcdError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd: {} ({:?})", self.0.message(), self.0.code())
+        let message = self.0.message();
+        let repeated = self.root().is_some_and(|r| r.to_string().contains(message));
+        if message.is_empty() || repeated {
+            write!(f, "etcd: {:?}", self.0.code())
+        } else {
+            write!(f, "etcd: {message} ({:?})", self.0.code())
+        }
     }
 }
 
 impl std::error::Error for EtcdError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&self.0)
+        self.root()
     }
 }
 
