@@ -124,3 +124,77 @@ async fn a_compacted_watch_error_reads_once() {
     assert!(matches!(e, StoreError::Compacted { .. }), "{e:?}");
     assert_says_each_cause_once(&e);
 }
+
+/// Reading a key with the other of calm's two formats says what the bytes
+/// are, instead of a parser's complaint about byte 0.
+#[tokio::test]
+async fn a_value_read_in_the_wrong_format_says_what_it_is() {
+    use calm::store::{StoreExt, StoredFormat, Typed};
+    use calm::{GCounter, causal::ReplicaId};
+
+    let store = MemoryStore::new();
+    let typed = Typed::<_, u64>::new(store.clone());
+    let _ = typed
+        .put(b"json", &7, calm::store::Expect::Any)
+        .await
+        .unwrap();
+    let mut counter = GCounter::new();
+    counter.increment(ReplicaId::new(1), 3);
+    store.merge_into(b"codec", &counter).await.unwrap();
+
+    let e = store
+        .merge_into(b"json", &counter)
+        .await
+        .expect_err("JSON is not a counter");
+    assert!(
+        matches!(
+            e,
+            StoreError::WrongFormat {
+                found: StoredFormat::Json,
+                expected: StoredFormat::Codec
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("JSON"), "{e}");
+    let e = store
+        .read_merged::<GCounter>(b"json")
+        .await
+        .expect_err("JSON");
+    assert!(matches!(e, StoreError::WrongFormat { .. }), "{e:?}");
+    assert_eq!(
+        typed.get(b"json").await.unwrap().map(|v| *v.value()),
+        Some(7),
+        "unchanged"
+    );
+
+    let e = typed
+        .get(b"codec")
+        .await
+        .expect_err("codec bytes are not JSON");
+    assert!(
+        matches!(
+            e,
+            StoreError::WrongFormat {
+                found: StoredFormat::Codec,
+                expected: StoredFormat::Json
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("binary codec"), "{e}");
+
+    // Bytes in neither format keep the parser's error.
+    let _ = store
+        .put(b"junk", b"\xff\xfe", Default::default())
+        .await
+        .unwrap();
+    assert!(matches!(
+        typed.get(b"junk").await,
+        Err(StoreError::Serde(_))
+    ));
+    assert!(matches!(
+        store.read_merged::<GCounter>(b"junk").await,
+        Err(StoreError::Decode(_))
+    ));
+}

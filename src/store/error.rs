@@ -81,6 +81,18 @@ pub enum StoreError {
     /// A stored value did not deserialize (typed wrapper).
     #[error("stored value under the key does not deserialize")]
     Serde(#[from] serde_json::Error),
+    /// A stored value is in calm's other format: JSON text where calm's
+    /// binary codec was expected, or the reverse. [`Typed`](super::Typed)
+    /// writes and reads JSON; [`StoreExt::merge_into`](super::StoreExt::merge_into)
+    /// and [`StoreExt::read_merged`](super::StoreExt::read_merged) the
+    /// codec. Read the key with the API that wrote it.
+    #[error("stored value is {found}, but was read as {expected}")]
+    WrongFormat {
+        /// The format the bytes are in.
+        found: StoredFormat,
+        /// The format the reader asked for.
+        expected: StoredFormat,
+    },
     /// The backend could not be reached or the connection broke before the
     /// request was sent, or the request is known not to have been applied.
     /// Retrying is safe.
@@ -118,7 +130,54 @@ pub enum StoreError {
     },
 }
 
+/// The two formats calm stores values in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoredFormat {
+    /// JSON text, as [`Typed`](super::Typed) writes it.
+    Json,
+    /// calm's binary codec ([`codec`](crate::codec)), as
+    /// [`StoreExt::merge_into`](super::StoreExt::merge_into) writes it.
+    Codec,
+}
+
+impl std::fmt::Display for StoredFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoredFormat::Json => "JSON text (as Typed writes it)",
+            StoredFormat::Codec => "calm's binary codec (as merge_into writes it)",
+        })
+    }
+}
+
 impl StoreError {
+    /// The error for stored bytes that did not decode with calm's codec:
+    /// [`StoreError::WrongFormat`] if they are JSON, else the decode error.
+    pub(crate) fn from_codec(bytes: &[u8], e: DecodeError) -> Self {
+        if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+            StoreError::WrongFormat {
+                found: StoredFormat::Json,
+                expected: StoredFormat::Codec,
+            }
+        } else {
+            StoreError::Decode(e)
+        }
+    }
+
+    /// The error for stored bytes that did not deserialize as JSON:
+    /// [`StoreError::WrongFormat`] if they start with calm's codec header,
+    /// else the JSON error.
+    pub(crate) fn from_json(bytes: &[u8], e: serde_json::Error) -> Self {
+        if bytes.len() >= 2 && bytes[0] == crate::codec::FORMAT_VERSION {
+            StoreError::WrongFormat {
+                found: StoredFormat::Codec,
+                expected: StoredFormat::Json,
+            }
+        } else {
+            StoreError::Serde(e)
+        }
+    }
+
     /// Whether retrying the same call may succeed (the backend was
     /// unreachable, or an optimistic loop ran out of attempts).
     pub fn is_retryable(&self) -> bool {

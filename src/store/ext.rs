@@ -71,7 +71,8 @@ pub trait StoreExt: Store {
                 let current = self.get(key).await?;
                 let (mut value, expect) = match &current {
                     Some(kv) => (
-                        codec::from_bytes::<M>(&kv.value)?,
+                        codec::from_bytes::<M>(&kv.value)
+                            .map_err(|e| StoreError::from_codec(&kv.value, e))?,
                         Expect::Version(kv.mod_revision),
                     ),
                     None => (M::default(), Expect::Absent),
@@ -114,7 +115,10 @@ pub trait StoreExt: Store {
     {
         async move {
             match self.get(key).await? {
-                Some(kv) => Ok(Some(codec::from_bytes(&kv.value)?)),
+                Some(kv) => Ok(Some(
+                    codec::from_bytes(&kv.value)
+                        .map_err(|e| StoreError::from_codec(&kv.value, e))?,
+                )),
                 None => Ok(None),
             }
         }

@@ -68,7 +68,7 @@ mod typed;
 mod types;
 
 pub use clock::{Clock, ManualClock, Sleep, SystemClock};
-pub use error::{BoxError, StoreError};
+pub use error::{BoxError, StoreError, StoredFormat};
 pub use ext::{MERGE_RETRY, StoreExt};
 pub use memory::{MemoryStore, MemoryStoreOptions, MemoryWatch};
 pub(crate) use polled::{History, PolledWatch};

@@ -96,7 +96,7 @@ pub struct Entry<T> {
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
-    Ok(serde_json::from_slice(bytes)?)
+    serde_json::from_slice(bytes).map_err(|e| StoreError::from_json(bytes, e))
 }
 
 impl<S: Store, T: Serialize + DeserializeOwned + Send + Sync> Typed<S, T> {

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use tokio::sync::{Notify, oneshot};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, Socket};
 
 use super::batch::{self, Queue, Reply, Request};
 use super::sql::Sql;
@@ -283,6 +284,36 @@ impl PostgresStore {
     /// Cancel safe; dropped while migrating, the migration's transaction
     /// rolls back.
     pub async fn connect_with(options: PostgresOptions) -> Result<Self, StoreError> {
+        Self::connect_with_tls(options, NoTls).await
+    }
+
+    /// As [`connect_with`](Self::connect_with), over TLS: `tls` is any
+    /// `tokio-postgres` TLS connector (`postgres-native-tls`'s
+    /// `MakeTlsConnector`, `tokio-postgres-rustls`' `MakeRustlsConnect`,
+    /// ...), built with the roots and client certificate you trust. Every
+    /// connection of the store (the pool and the `LISTEN` connection) uses
+    /// it; whether TLS is required is the URL's `sslmode`. A password goes
+    /// in the URL as usual.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_with`](Self::connect_with); a failed handshake is
+    /// [`StoreError::Unavailable`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (it spawns its background tasks).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`connect_with`](Self::connect_with).
+    pub async fn connect_with_tls<T>(options: PostgresOptions, tls: T) -> Result<Self, StoreError>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Sync + Send,
+        T::TlsConnect: Sync + Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         if options.schema.is_empty()
             || options.schema.len() > 40
             || !options
@@ -313,7 +344,7 @@ impl PostgresStore {
         }
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -337,7 +368,7 @@ impl PostgresStore {
             tasks: std::sync::Mutex::new(Vec::new()),
         });
         let store = Self { pool, shared };
-        let listener = tokio::spawn(tasks::listen(config, Arc::downgrade(&store.shared)));
+        let listener = tokio::spawn(tasks::listen(config, tls, Arc::downgrade(&store.shared)));
         let reaper = tokio::spawn(tasks::reap(
             store.pool.clone(),
             Arc::downgrade(&store.shared),

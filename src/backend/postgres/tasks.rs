@@ -6,18 +6,23 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio_postgres::NoTls;
+use tokio_postgres::Socket;
+use tokio_postgres::tls::MakeTlsConnect;
 
 use super::store::{Shared, compact, marks, query};
 
 /// Holds a `LISTEN` connection and wakes watchers on notifications;
 /// reconnects after failures (watches re-read every second meanwhile).
-pub(super) async fn listen(config: tokio_postgres::Config, shared: Weak<Shared>) {
+pub(super) async fn listen<T>(config: tokio_postgres::Config, tls: T, shared: Weak<Shared>)
+where
+    T: MakeTlsConnect<Socket> + Clone,
+    T::Stream: Send,
+{
     loop {
         let Some(channel) = shared.upgrade().map(|s| s.sql.channel.clone()) else {
             return;
         };
-        let connected = config.connect(NoTls).await;
+        let connected = config.connect(tls.clone()).await;
         if let Err(_e) = &connected {
             crate::trace::info!(error = %_e, "LISTEN connection failed; reconnecting");
         }
