@@ -491,6 +491,7 @@ pub(crate) mod tags {
     pub(crate) const OPTION: u8 = 14;
     /// A tuple of arity `n` (1 to 12) has the tag `TUPLES + n`: 15 to 26.
     pub(crate) const TUPLES: u8 = 14;
+    pub(crate) const SYNC_MESSAGE: u8 = 27;
 }
 
 macro_rules! unsigned_codec {

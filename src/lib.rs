@@ -63,6 +63,8 @@
 //! - [`text`]: [`Text`], collaborative plain text that never interleaves
 //!   concurrent typing, with UTF-8 and UTF-16 position conversions.
 //! - [`codec`]: the compact, checked binary encoding of every state.
+//! - [`sync`]: [`Peer`](sync::Peer), delta sync with another replica
+//!   (what it has, what to send it next) over any delivery.
 //! - [`occ`]: [`Version`](occ::Version), [`Versioned`](occ::Versioned),
 //!   [`VersionedCell`](occ::VersionedCell) (lock-free reads,
 //!   compare-and-set), [`RetryPolicy`](occ::RetryPolicy).
@@ -114,6 +116,7 @@ pub mod occ;
 pub mod register;
 pub mod set;
 pub mod store;
+pub mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;

@@ -41,7 +41,8 @@ macro_rules! state_laws {
     )*};
 }
 
-/// Adds the delta checks for the causal types.
+/// Adds the delta checks (and delta sync through `calm::sync`) for the
+/// causal types.
 macro_rules! delta_laws {
     ($($name:ident: $t:ty;)*) => {$(
         mod $name {
@@ -57,6 +58,13 @@ macro_rules! delta_laws {
             #[test]
             fn delta_convergence_under_chaos() {
                 chaos::check_delta_convergence::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
+            }
+
+            /// Five replicas syncing through `sync::Peer`s, messages as
+            /// bytes, converge.
+            #[test]
+            fn sync_convergence_under_chaos() {
+                chaos::check_sync_convergence::<$t>(&cfg()).unwrap_or_else(|v| panic!("{v}"));
             }
         }
     )*};

@@ -19,4 +19,5 @@ mod serde_input;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod server_faults;
 mod store;
+mod sync;
 mod text;

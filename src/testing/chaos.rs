@@ -6,8 +6,9 @@ use proptest::prelude::*;
 
 use super::laws::{Failure, check_inflation, replica_id};
 use super::{Config, LawViolation, RandomOps, run};
-use crate::causal::VersionVector;
+use crate::codec::Codec;
 use crate::merge::{DeltaMerge, Merge};
+use crate::sync::Peer;
 
 /// What the network does with a message picked for delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,16 +51,6 @@ pub enum Event<Op> {
     },
 }
 
-/// A message in flight; `S` is the sender's summary type.
-struct Message<T, S> {
-    to: usize,
-    from: usize,
-    payload: T,
-    /// The sender's version vector when it sent, piggybacked so the receiver
-    /// can compute deltas back to it.
-    sender_vv: Option<S>,
-}
-
 fn events<T: RandomOps>(cfg: &Config) -> impl Strategy<Value = Vec<Event<T::Op>>> {
     let n = cfg.replicas;
     let fate = prop_oneof![
@@ -75,73 +66,129 @@ fn events<T: RandomOps>(cfg: &Config) -> impl Strategy<Value = Vec<Event<T::Op>>
     vec(event, 0..cfg.max_steps * 2)
 }
 
-/// How a run turns a state into a message, and how the final exchange
-/// brings every replica up to date.
-trait Gossip<T> {
-    /// What a replica learns of another's version vector.
-    type Summary: Merge + Clone + Default;
-    /// The payload `from` sends; `known` is the receiver's version vector
-    /// as `from` last heard it.
-    fn payload(&self, from: &T, known: &Self::Summary, full: bool) -> T;
-    /// `from`'s version vector, if this mode ships deltas.
-    fn version_vector(&self, state: &T) -> Option<Self::Summary>;
+/// A message in flight.
+struct InFlight<M> {
+    from: usize,
+    to: usize,
+    message: M,
 }
 
+/// How replicas talk in a run: what a send puts on the network, and what a
+/// delivery does with it.
+trait Gossip<T> {
+    /// What travels.
+    type Message;
+    /// The message `from` sends `to` now (`full`: the whole state, even in
+    /// a delta mode).
+    fn send(&mut self, states: &[T], from: usize, to: usize, full: bool) -> Self::Message;
+    /// Delivers a message from `from` into `states[to]`.
+    fn deliver(
+        &mut self,
+        states: &mut [T],
+        from: usize,
+        to: usize,
+        message: &Self::Message,
+    ) -> Result<(), Failure>;
+    /// The message of the final exchange, once the network is reliable.
+    fn send_final(&mut self, states: &[T], from: usize, to: usize) -> Self::Message {
+        self.send(states, from, to, false)
+    }
+}
+
+/// Merges `payload` into `states[to]`, checking nothing was lost.
+fn receive<T: RandomOps>(states: &mut [T], to: usize, payload: &T) -> Result<(), Failure> {
+    let before = states[to].clone();
+    states[to].merge(payload);
+    check_inflation(&before, &states[to], "delivery")
+}
+
+/// Whole states.
 struct FullStates;
 
-impl<T: Clone> Gossip<T> for FullStates {
-    type Summary = VersionVector;
-    fn payload(&self, from: &T, _: &VersionVector, _: bool) -> T {
-        from.clone()
+impl<T: RandomOps> Gossip<T> for FullStates {
+    type Message = T;
+    fn send(&mut self, states: &[T], from: usize, _: usize, _: bool) -> T {
+        states[from].clone()
     }
-    fn version_vector(&self, _: &T) -> Option<VersionVector> {
-        None
+    fn deliver(&mut self, states: &mut [T], _: usize, to: usize, msg: &T) -> Result<(), Failure> {
+        receive(states, to, msg)
     }
 }
 
-struct Deltas;
+/// Deltas against the receiver's version vector as the sender last heard
+/// it (piggybacked on every message), and in the final exchange against
+/// the receiver's real one.
+struct Deltas<S> {
+    /// `known[i][j]`: replica `j`'s version vector as replica `i` last
+    /// heard it.
+    known: Vec<Vec<S>>,
+}
 
-impl<T: DeltaMerge + Clone> Gossip<T> for Deltas {
-    type Summary = T::Summary;
-    fn payload(&self, from: &T, known: &T::Summary, full: bool) -> T {
-        if full {
-            from.clone()
+impl<T: RandomOps + DeltaMerge> Gossip<T> for Deltas<T::Summary> {
+    /// The payload and the sender's version vector.
+    type Message = (T, T::Summary);
+    fn send(&mut self, states: &[T], from: usize, to: usize, full: bool) -> Self::Message {
+        let payload = if full {
+            states[from].clone()
         } else {
-            from.delta(known)
+            states[from].delta(&self.known[from][to])
+        };
+        (payload, states[from].version_vector())
+    }
+    fn deliver(
+        &mut self,
+        states: &mut [T],
+        from: usize,
+        to: usize,
+        (payload, vv): &Self::Message,
+    ) -> Result<(), Failure> {
+        self.known[to][from].merge(vv);
+        receive(states, to, payload)
+    }
+    fn send_final(&mut self, states: &[T], from: usize, to: usize) -> Self::Message {
+        let vv = states[to].version_vector();
+        (states[from].delta(&vv), vv)
+    }
+}
+
+/// [`Peer`]s: every replica keeps one per other replica, and messages
+/// travel as bytes through the codec.
+struct SyncPeers<T: DeltaMerge> {
+    /// `peers[i][j]`: what replica `i` knows of replica `j`.
+    peers: Vec<Vec<Peer<T>>>,
+}
+
+impl<T: RandomOps + DeltaMerge + Codec> Gossip<T> for SyncPeers<T> {
+    type Message = Vec<u8>;
+    fn send(&mut self, states: &[T], from: usize, to: usize, full: bool) -> Vec<u8> {
+        if full {
+            Peer::new().encode_message(&states[from])
+        } else {
+            self.peers[from][to].encode_message(&states[from])
         }
     }
-    fn version_vector(&self, state: &T) -> Option<T::Summary> {
-        Some(state.version_vector())
+    fn deliver(
+        &mut self,
+        states: &mut [T],
+        from: usize,
+        to: usize,
+        bytes: &Vec<u8>,
+    ) -> Result<(), Failure> {
+        let before = states[to].clone();
+        self.peers[to][from]
+            .receive_bytes(&mut states[to], bytes)
+            .map_err(|e| ("sync message round trip", format!("{e} decoding {bytes:?}")))?;
+        check_inflation(&before, &states[to], "delivery")
     }
-}
-
-fn receive<T: RandomOps, S>(states: &mut [T], msg: &Message<T, S>) -> Result<(), Failure> {
-    let before = states[msg.to].clone();
-    states[msg.to].merge(&msg.payload);
-    check_inflation(&before, &states[msg.to], "delivery")
-}
-
-/// Delivers `msg`, also recording the sender's piggybacked version vector.
-fn deliver<T: RandomOps, S: Merge>(
-    states: &mut [T],
-    known: &mut [Vec<S>],
-    msg: &Message<T, S>,
-) -> Result<(), Failure> {
-    if let Some(vv) = &msg.sender_vv {
-        known[msg.to][msg.from].merge(vv);
-    }
-    receive(states, msg)
 }
 
 fn simulate<T: RandomOps, G: Gossip<T>>(
     n: usize,
     events: &[Event<T::Op>],
-    gossip: &G,
+    mut gossip: G,
 ) -> Result<(), Failure> {
     let mut states = vec![T::default(); n];
-    // known[i][j]: replica j's version vector as replica i last heard it.
-    let mut known = vec![vec![G::Summary::default(); n]; n];
-    let mut in_flight: Vec<Message<T, G::Summary>> = Vec::new();
+    let mut in_flight: Vec<InFlight<G::Message>> = Vec::new();
     // The join of every state a local update produced: where everyone must
     // end up.
     let mut everything = T::default();
@@ -155,12 +202,11 @@ fn simulate<T: RandomOps, G: Gossip<T>>(
                 everything.merge(&states[*replica]);
             }
             Event::Send { from, to, full } => {
-                let payload = gossip.payload(&states[*from], &known[*from][*to], *full);
-                in_flight.push(Message {
-                    to: *to,
+                let message = gossip.send(&states, *from, *to, *full);
+                in_flight.push(InFlight {
                     from: *from,
-                    payload,
-                    sender_vv: gossip.version_vector(&states[*from]),
+                    to: *to,
+                    message,
                 });
             }
             Event::Deliver { pick, fate } => {
@@ -170,37 +216,32 @@ fn simulate<T: RandomOps, G: Gossip<T>>(
                 let i = pick % in_flight.len();
                 match fate {
                     Fate::Deliver => {
-                        let msg = in_flight.remove(i);
-                        deliver(&mut states, &mut known, &msg)?;
+                        let m = in_flight.remove(i);
+                        gossip.deliver(&mut states, m.from, m.to, &m.message)?;
                     }
-                    Fate::Duplicate => deliver(&mut states, &mut known, &in_flight[i])?,
+                    Fate::Duplicate => {
+                        let m = &in_flight[i];
+                        gossip.deliver(&mut states, m.from, m.to, &m.message)?;
+                    }
                     Fate::Drop => {
-                        let msg = in_flight.remove(i);
-                        in_flight.push(msg);
+                        let m = in_flight.remove(i);
+                        in_flight.push(m);
                     }
                 }
             }
         }
     }
     // Everything still in flight (dropped ones included) arrives late.
-    for msg in std::mem::take(&mut in_flight) {
-        deliver(&mut states, &mut known, &msg)?;
+    for m in std::mem::take(&mut in_flight) {
+        gossip.deliver(&mut states, m.from, m.to, &m.message)?;
     }
-    // A final exchange: each replica hears from every other, through
-    // deltas against the receiver's real version vector in delta mode.
+    // A final exchange: each replica hears from every other.
     for _round in 0..2 {
         for from in 0..n {
             for to in 0..n {
                 if from != to {
-                    let vv = gossip.version_vector(&states[to]).unwrap_or_default();
-                    let payload = gossip.payload(&states[from], &vv, false);
-                    let msg: Message<T, G::Summary> = Message {
-                        to,
-                        from,
-                        payload,
-                        sender_vv: None,
-                    };
-                    receive(&mut states, &msg)?;
+                    let message = gossip.send_final(&states, from, to);
+                    gossip.deliver(&mut states, from, to, &message)?;
                 }
             }
         }
@@ -228,7 +269,7 @@ fn simulate<T: RandomOps, G: Gossip<T>>(
 pub fn check_convergence<T: RandomOps>(cfg: &Config) -> Result<(), LawViolation> {
     let n = cfg.replicas;
     run(cfg, events::<T>(cfg), |evs| {
-        simulate::<T, _>(n, &evs, &FullStates)
+        simulate::<T, _>(n, &evs, FullStates)
     })
 }
 
@@ -244,6 +285,24 @@ pub fn check_delta_convergence<T: RandomOps + DeltaMerge>(
 ) -> Result<(), LawViolation> {
     let n = cfg.replicas;
     run(cfg, events::<T>(cfg), |evs| {
-        simulate::<T, _>(n, &evs, &Deltas)
+        let known = vec![vec![T::Summary::default(); n]; n];
+        simulate::<T, _>(n, &evs, Deltas { known })
+    })
+}
+
+/// As [`check_delta_convergence`], with every replica keeping a
+/// [`Peer`] per other replica and the messages it makes travelling as
+/// bytes; also checks that every message decodes.
+///
+/// # Errors
+///
+/// The first [`LawViolation`] found, shrunk.
+pub fn check_sync_convergence<T: RandomOps + DeltaMerge + Codec>(
+    cfg: &Config,
+) -> Result<(), LawViolation> {
+    let n = cfg.replicas;
+    run(cfg, events::<T>(cfg), |evs| {
+        let peers = vec![vec![Peer::new(); n]; n];
+        simulate::<T, _>(n, &evs, SyncPeers { peers })
     })
 }
