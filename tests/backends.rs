@@ -69,6 +69,18 @@ pub(crate) mod postgres {
         }
     }
 
+    /// A watch ends when its store's last handle is dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_ends_with_its_store() {
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("dropped")).await;
+        conformance::watch_ends_with_its_store(store, b"w/")
+            .await
+            .unwrap();
+    }
+
     /// Fencing, election, lock, idempotency and ownership on PostgreSQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn recipes() {
@@ -188,6 +200,18 @@ pub(crate) mod etcd {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!("cannot connect to etcd: {last:?}");
+    }
+
+    /// A watch ends when its store's last handle is dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watch_ends_with_its_store() {
+        let Some(server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        let store = connect(server.endpoints()).await;
+        conformance::watch_ends_with_its_store(store, b"w/")
+            .await
+            .unwrap();
     }
 
     /// Every conformance check passes on etcd.

@@ -108,3 +108,11 @@ async fn reaper_wakes_watchers_on_expiry() {
         .unwrap();
     assert_eq!(e.kind, calm::store::EventKind::Delete);
 }
+
+/// A watch ends with `Closed` once its store's last handle is dropped.
+#[tokio::test]
+async fn watch_ends_with_its_store() {
+    conformance::watch_ends_with_its_store(MemoryStore::new(), b"w/")
+        .await
+        .unwrap();
+}

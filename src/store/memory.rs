@@ -94,13 +94,13 @@ pub struct MemoryStore {
     shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     /// Everything mutable.
     state: Mutex<State>,
     /// Judges lease expiry.
     clock: Arc<dyn Clock>,
     /// Notified after every change of revision (wakes watchers).
-    changed: Notify,
+    changed: Arc<Notify>,
     /// Notified when leases are granted or renewed, and when the store is
     /// dropped (wakes the reaper).
     leases_changed: Arc<Notify>,
@@ -112,8 +112,10 @@ struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Lets the reaper notice the store is gone and exit.
+        // Lets the reaper notice the store is gone and exit, and watches
+        // end.
         self.leases_changed.notify_one();
+        self.changed.notify_waiters();
     }
 }
 
@@ -328,7 +330,7 @@ impl MemoryStore {
                     earliest_deadline: Duration::MAX,
                 }),
                 clock: options.clock,
-                changed: Notify::new(),
+                changed: Arc::new(Notify::new()),
                 leases_changed: Arc::new(Notify::new()),
                 reaper_started: AtomicBool::new(false),
                 history_limit: options.history.max(1),
@@ -540,7 +542,7 @@ impl MemoryStore {
             Ok(from.get())
         })?;
         Ok(MemoryWatch {
-            inner: PolledWatch::new(self.clone(), span, next),
+            inner: PolledWatch::new(self, span, next),
         })
     }
 }
@@ -692,8 +694,18 @@ impl std::fmt::Debug for MemoryWatch {
 }
 
 impl History for MemoryStore {
-    fn changed(&self) -> &Notify {
-        &self.shared.changed
+    type Weak = Weak<Shared>;
+
+    fn downgrade(&self) -> Weak<Shared> {
+        Arc::downgrade(&self.shared)
+    }
+
+    fn upgrade(weak: &Weak<Shared>) -> Option<Self> {
+        weak.upgrade().map(|shared| Self { shared })
+    }
+
+    fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.shared.changed)
     }
 
     async fn read(

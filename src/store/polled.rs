@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -17,9 +18,24 @@ use tokio::sync::Notify;
 use super::{KeySpan, StoreError, WatchEvent};
 
 /// A history a [`PolledWatch`] reads.
-pub(crate) trait History: Send + Sync {
-    /// Woken whenever the history may have grown.
-    fn changed(&self) -> &Notify;
+///
+/// The watch holds only a [`Weak`](History::Weak) handle between reads,
+/// so it does not keep its store alive: once every handle of the store is
+/// dropped, the store wakes its watches (`changed`) and they end with
+/// [`StoreError::Closed`].
+pub(crate) trait History: Send + Sync + Sized {
+    /// A handle that does not keep the store alive.
+    type Weak: Send + Sync;
+
+    /// The weak handle of this store.
+    fn downgrade(&self) -> Self::Weak;
+
+    /// The store again, if any handle of it is left.
+    fn upgrade(weak: &Self::Weak) -> Option<Self>;
+
+    /// Woken whenever the history may have grown, and when the store is
+    /// dropped.
+    fn changed(&self) -> Arc<Notify>;
 
     /// Appends to `out` every event at revisions `*next` and later that
     /// `span` selects, in revision order, and moves `*next` past the
@@ -54,10 +70,11 @@ pub(crate) trait History: Send + Sync {
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A watch over a [`History`].
-#[derive(Debug)]
-pub(crate) struct PolledWatch<H> {
-    /// Where the events come from.
-    history: H,
+pub(crate) struct PolledWatch<H: History> {
+    /// Where the events come from, while the store lives.
+    history: H::Weak,
+    /// The store's wake-up.
+    changed: Arc<Notify>,
     /// The keys watched.
     span: KeySpan,
     /// The first revision not yet read from the history.
@@ -69,9 +86,10 @@ pub(crate) struct PolledWatch<H> {
 
 impl<H: History> PolledWatch<H> {
     /// A watch of `span` that starts at revision `next`.
-    pub(crate) fn new(history: H, span: KeySpan, next: u64) -> Self {
+    pub(crate) fn new(history: &H, span: KeySpan, next: u64) -> Self {
         Self {
-            history,
+            history: history.downgrade(),
+            changed: history.changed(),
             span,
             next,
             ready: VecDeque::new(),
@@ -85,18 +103,26 @@ impl<H: History> PolledWatch<H> {
             if let Some(e) = self.ready.pop_front() {
                 return Ok(e);
             }
-            let changed = self.history.changed().notified();
+            let changed = self.changed.notified();
             tokio::pin!(changed);
             // Registered before reading, so a write between the read and
             // the wait still wakes us.
             changed.as_mut().enable();
-            match self
-                .history
+            // The store only while reading: a watch does not keep it alive.
+            let Some(history) = H::upgrade(&self.history) else {
+                return Err(StoreError::Closed);
+            };
+            let read = history
                 .read(&self.span, &mut self.next, &mut self.ready)
-                .await
-            {
+                .await;
+            let (poll, resumes) = match &read {
+                Err(e) => (None, history.resumes_after(e)),
+                Ok(()) => (history.poll_interval(), false),
+            };
+            drop(history);
+            match read {
                 Ok(()) => backoff = Duration::from_millis(20),
-                Err(e) if self.history.resumes_after(&e) => {
+                Err(e) if resumes => {
                     crate::trace::warn!(
                         error = %e,
                         next = self.next,
@@ -110,7 +136,7 @@ impl<H: History> PolledWatch<H> {
                 Err(e) => return Err(e),
             }
             if self.ready.is_empty() {
-                match self.history.poll_interval() {
+                match poll {
                     Some(d) => {
                         let _ = tokio::time::timeout(d, changed).await;
                     }

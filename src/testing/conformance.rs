@@ -162,6 +162,31 @@ pub type BoxCheck<'a> = Pin<Box<dyn Future<Output = CheckResult> + Send + 'a>>;
 /// A check, as a function pointer.
 pub type CheckFn<S> = for<'a> fn(&'a Case<S>) -> BoxCheck<'a>;
 
+/// A watch does not keep its store alive: given the only handle of a
+/// store, starts a watch, drops the store, and expects the watch to end
+/// with [`StoreError::Closed`] (not hang). Not in [`checks`], which share
+/// their store with the fixture; each backend's tests call it with a store
+/// of their own.
+///
+/// # Errors
+///
+/// What went wrong, for the test to report.
+pub async fn watch_ends_with_its_store<S: Store>(only: S, prefix: &[u8]) -> CheckResult {
+    let mut watch = store(
+        only.watch(KeySpan::Prefix(prefix.to_vec()), Version::ZERO)
+            .await,
+        "watch",
+    )?;
+    drop(only);
+    match tokio::time::timeout(Duration::from_secs(5), watch.next()).await {
+        Ok(Err(StoreError::Closed)) => Ok(()),
+        Ok(other) => Err(format!(
+            "after the store was dropped, the watch gave {other:?}"
+        )),
+        Err(_) => Err("the watch still waits 5 s after its store was dropped".into()),
+    }
+}
+
 /// Every check, by name, in the order [`run_all`] runs them.
 pub fn checks<S: Store + Clone + 'static>() -> Vec<(&'static str, CheckFn<S>)> {
     vec![

@@ -1,4 +1,5 @@
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -135,6 +136,9 @@ impl std::fmt::Debug for EtcdOptions {
 #[derive(Clone)]
 pub struct EtcdStore {
     rpc: Rpc,
+    /// Dropped with the last handle: its receivers (the watches) then see
+    /// the store closed.
+    open: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 /// Whether a failed request was a write (whose effect is then unknown).
@@ -410,6 +414,7 @@ impl EtcdStore {
     pub async fn from_channel(channel: Channel, options: EtcdOptions) -> Result<Self, StoreError> {
         let store = Self {
             rpc: Rpc::new(channel, options.credentials.clone()),
+            open: Arc::new(tokio::sync::watch::Sender::new(())),
         };
         let check = async {
             store
@@ -800,6 +805,7 @@ impl Store for EtcdStore {
             .map_err(|e| store_error(e, Kind::Read))?;
         let mut watch = EtcdWatch {
             stream: None,
+            open: self.open.subscribe(),
             _requests: requests,
             ready: VecDeque::new(),
             from,
@@ -823,6 +829,8 @@ impl Store for EtcdStore {
 pub struct EtcdWatch {
     /// `None` only while being created.
     stream: Option<Streaming<PbWatchResponse>>,
+    /// Ends (an error) when every handle of the store is dropped.
+    open: tokio::sync::watch::Receiver<()>,
     /// The request half of the gRPC stream, kept open for the watch's
     /// life.
     _requests: mpsc::UnboundedSender<PbWatchRequest>,
@@ -878,11 +886,12 @@ impl Watch for EtcdWatch {
             let Some(stream) = self.stream.as_mut() else {
                 return Err(StoreError::Closed);
             };
-            match stream
-                .message()
-                .await
-                .map_err(|s| store_error(CallError::from_status(s), Kind::Read))?
-            {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                // The store is gone: the watch ends with it.
+                Err(_) = self.open.changed() => return Err(StoreError::Closed),
+            };
+            match message.map_err(|s| store_error(CallError::from_status(s), Kind::Read))? {
                 Some(r) => self.absorb(r)?,
                 None => {
                     return Err(StoreError::Unavailable {

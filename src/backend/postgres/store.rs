@@ -1,5 +1,5 @@
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
@@ -112,13 +112,13 @@ pub struct PostgresStore {
 }
 
 /// What every clone of a store shares.
-pub(super) struct Shared {
+pub(crate) struct Shared {
     /// The statements of this store's schema.
-    pub sql: Arc<Sql>,
-    /// Woken on every notification from the listener.
-    pub changed: Notify,
+    pub(super) sql: Arc<Sql>,
+    /// Woken on every notification from the listener, and on drop.
+    pub(super) changed: Arc<Notify>,
     /// Events to keep.
-    pub history: u64,
+    pub(super) history: u64,
     /// Where writes queue for the committers; dropping it (with the last
     /// store handle) ends them once they have answered what they hold.
     queue: Queue,
@@ -132,6 +132,8 @@ impl Drop for Shared {
         for t in tasks {
             t.abort();
         }
+        // Watches end with the store.
+        self.changed.notify_waiters();
     }
 }
 
@@ -362,7 +364,7 @@ impl PostgresStore {
         drop(committers);
         let shared = Arc::new(Shared {
             sql,
-            changed: Notify::new(),
+            changed: Arc::new(Notify::new()),
             history: options.history.max(1),
             queue,
             tasks: std::sync::Mutex::new(Vec::new()),
@@ -613,7 +615,7 @@ impl Store for PostgresStore {
             });
         }
         Ok(PostgresWatch {
-            inner: PolledWatch::new(self.clone(), span, next.unsigned_abs()),
+            inner: PolledWatch::new(self, span, next.unsigned_abs()),
         })
     }
 }
@@ -646,8 +648,22 @@ pub(super) async fn compact(pool: &Pool, sql: &Sql, upto: i64) -> Result<(), Sto
 const WATCH_WINDOW: i64 = 1_000;
 
 impl History for PostgresStore {
-    fn changed(&self) -> &Notify {
-        &self.shared.changed
+    type Weak = (Pool, Weak<Shared>);
+
+    fn downgrade(&self) -> Self::Weak {
+        (self.pool.clone(), Arc::downgrade(&self.shared))
+    }
+
+    fn upgrade((pool, shared): &Self::Weak) -> Option<Self> {
+        let shared = shared.upgrade()?;
+        Some(Self {
+            pool: pool.clone(),
+            shared,
+        })
+    }
+
+    fn changed(&self) -> Arc<Notify> {
+        Arc::clone(&self.shared.changed)
     }
 
     async fn read(
