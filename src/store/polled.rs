@@ -122,9 +122,9 @@ impl<H: History> PolledWatch<H> {
             drop(history);
             match read {
                 Ok(()) => backoff = Duration::from_millis(20),
-                Err(e) if resumes => {
+                Err(_e) if resumes => {
                     crate::trace::warn!(
-                        error = %e,
+                        error = %_e,
                         next = self.next,
                         retry_in = ?backoff,
                         "watch read failed; reading again from the same revision"
