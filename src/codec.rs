@@ -23,7 +23,10 @@
 //! keys rather than silently dropping them).
 //!
 //! serde stays available on every type for formats such as JSON; this codec
-//! is the compact, checked one.
+//! is the compact, checked one. An element type that has serde impls needs
+//! no [`Codec`] of its own: wrap it in [`Serde`] (`OrSet<Serde<MyStruct>>`),
+//! and it is encoded through serde into this same format, with the same
+//! checks.
 //!
 //! # Examples
 //!
@@ -80,10 +83,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::merge::for_each_tuple;
 
+mod serde_format;
+
 /// `#[derive(Codec)]` (feature `derive`): the fields in order, and with
 /// `#[calm(tag = N)]` a [`Tagged`] type.
 #[cfg(feature = "derive")]
 pub use calm_derive::Codec;
+pub use serde_format::Serde;
 
 /// The version of the binary format written by this crate.
 ///
@@ -177,6 +183,16 @@ pub enum DecodeError {
         offset: usize,
         /// Which rule was broken.
         what: &'static str,
+    },
+    /// A [`Serde`] value's own `Deserialize` impl refused what the bytes
+    /// hold (an unknown enum variant, a value out of its range), or the
+    /// type needs a self-describing format, which this is not.
+    #[error("value refused at byte {offset}: {reason}")]
+    Refused {
+        /// Where decoding stopped.
+        offset: usize,
+        /// The type's own message, as serde reported it.
+        reason: String,
     },
 }
 
@@ -367,6 +383,19 @@ impl<'a> Decoder<'a> {
         let out = &self.input[self.pos..self.pos + n];
         self.pos += n;
         Ok(out)
+    }
+
+    /// Splits off the next `len` bytes (at most what is left) as a decoder
+    /// of their own, with offsets still counted from the start of the
+    /// whole input, and moves past them.
+    fn split_off(&mut self, len: usize) -> Decoder<'a> {
+        let end = self.pos + len.min(self.remaining());
+        let part = Decoder {
+            input: &self.input[..end],
+            pos: self.pos,
+        };
+        self.pos = end;
+        part
     }
 
     /// Returns an [`DecodeError::Invalid`] error at the current offset.

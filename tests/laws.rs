@@ -4,6 +4,7 @@
 //! states (tuples, `Option`) go through the same checks as the built-in
 //! types they are made of.
 
+use calm::codec::Serde;
 use calm::occ::Versioned;
 use calm::testing::{Config, chaos, laws};
 use calm::{GCounter, GSet, LwwRegister, MvRegister, OrMap, OrSet, PnCounter, Text, TwoPhaseSet};
@@ -90,6 +91,9 @@ state_laws! {
     pair_of_options: (Option<PnCounter>, Option<Text>);
     derived_cart: crate::derive::Cart;
     derived_generic_tuple_struct: crate::derive::Tally<u8>;
+    serde_element_set: OrSet<Serde<serde_element::Item>>;
+    serde_element_register: LwwRegister<Serde<serde_element::Item>>;
+    serde_element_map: OrMap<Serde<serde_element::Item>, MvRegister<Serde<serde_element::Item>>>;
 }
 
 mod delta {
@@ -112,5 +116,50 @@ mod delta {
         pair_of_options: (Option<PnCounter>, Option<Text>);
         derived_cart: crate::derive::Cart;
         derived_generic_tuple_struct: crate::derive::Tally<u8>;
+        serde_element_set: OrSet<Serde<serde_element::Item>>;
+    }
+}
+
+/// An element type with serde impls and no `Codec` of its own, for the
+/// serde bridge (`calm::codec::Serde`).
+mod serde_element {
+    use proptest::prelude::*;
+    use serde::{Deserialize, Serialize};
+
+    /// A user's element: a struct holding an enum, text and a list.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+    pub struct Item {
+        kind: Kind,
+        name: String,
+        sizes: Vec<u16>,
+    }
+
+    #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+    enum Kind {
+        #[default]
+        Plain,
+        Boxed(u8),
+        Labelled {
+            label: Option<String>,
+        },
+    }
+
+    impl Arbitrary for Item {
+        type Parameters = ();
+        type Strategy = BoxedStrategy<Item>;
+        fn arbitrary_with((): ()) -> Self::Strategy {
+            let kind = prop_oneof![
+                Just(Kind::Plain),
+                any::<u8>().prop_map(Kind::Boxed),
+                proptest::option::of("[xy]{0,2}").prop_map(|label| Kind::Labelled { label }),
+            ];
+            (
+                kind,
+                "[ab]{0,2}",
+                proptest::collection::vec(any::<u16>(), 0..3),
+            )
+                .prop_map(|(kind, name, sizes)| Item { kind, name, sizes })
+                .boxed()
+        }
     }
 }
