@@ -140,7 +140,7 @@ impl LeaseOptions {
 
 /// The largest TTL calm asks for (a day): beyond that, "lease" no longer
 /// means liveness.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_TTL: Duration = crate::store::MAX_LEASE_TTL;
 
 /// A session: a lease kept alive in the background, with a loud signal
 /// when it is lost.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::types::{check_key, check_value};
+use super::types::{check_key, check_lease, check_ttl, check_value};
 use super::{
     Clock, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId, PolledWatch,
     PutOptions, RangeResult, Store, StoreError, SystemClock, Txn, TxnOp, TxnOpResult, TxnOutcome,
@@ -382,6 +382,7 @@ impl MemoryStore {
     ) -> Result<WriteOutcome, StoreError> {
         check_key(key)?;
         check_value(value)?;
+        check_lease(options.lease)?;
         self.with_state(|st, limit| {
             st.lease_alive(options.lease)?;
             let current = st.get(key);
@@ -466,11 +467,7 @@ impl MemoryStore {
     }
 
     fn grant_now(&self, ttl: Duration) -> Result<LeaseGrant, StoreError> {
-        if ttl.is_zero() {
-            return Err(StoreError::InvalidTtl {
-                reason: "a lease needs a positive time to live",
-            });
-        }
+        check_ttl(ttl)?;
         let now = self.shared.clock.now();
         let Some(deadline) = now.checked_add(ttl) else {
             return Err(StoreError::InvalidTtl {

@@ -77,8 +77,8 @@ pub use typed::{Entry, Typed, TypedEvent, TypedWatch, UpdateError, Updated};
 pub(crate) use types::prefix_end;
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId,
-    MAX_KEY_LEN, MAX_VALUE_LEN, PutOptions, RangeResult, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    WatchEvent, WriteOutcome, check_key, check_value,
+    MAX_KEY_LEN, MAX_LEASE_TTL, MAX_VALUE_LEN, PutOptions, RangeResult, Txn, TxnOp, TxnOpResult,
+    TxnOutcome, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value,
 };
 
 /// A key-value store with etcd's model: revisions, compare-and-set,

@@ -55,6 +55,44 @@ pub fn check_value(value: &[u8]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The longest lease any backend grants (a day): beyond that, a lease no
+/// longer means liveness, and the backends' own limits differ.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Checks a lease TTL against the limits every backend shares.
+///
+/// # Errors
+///
+/// [`StoreError::InvalidTtl`] for a zero TTL or one above
+/// [`MAX_LEASE_TTL`].
+pub fn check_ttl(ttl: Duration) -> Result<(), StoreError> {
+    if ttl.is_zero() {
+        return Err(StoreError::InvalidTtl {
+            reason: "a lease needs a positive time to live",
+        });
+    }
+    if ttl > MAX_LEASE_TTL {
+        return Err(StoreError::InvalidTtl {
+            reason: "time to live above one day (MAX_LEASE_TTL)",
+        });
+    }
+    Ok(())
+}
+
+/// Checks the lease a write attaches a key to: id 0 is never a lease
+/// (etcd reads it as "no lease"), so it is refused as not found on every
+/// backend.
+///
+/// # Errors
+///
+/// [`StoreError::LeaseNotFound`] for lease 0.
+pub fn check_lease(lease: Option<LeaseId>) -> Result<(), StoreError> {
+    match lease {
+        Some(l) if l.get() == 0 => Err(StoreError::LeaseNotFound { lease: l }),
+        _ => Ok(()),
+    }
+}
+
 /// The first key after every key that starts with `prefix`, or `None`
 /// when no key is (an empty prefix, or one of only `0xff` bytes): the
 /// exclusive end of the key range a prefix selects.
@@ -548,8 +586,9 @@ impl Txn {
             let mut written = std::collections::BTreeSet::new();
             for op in branch {
                 check_key(op.key())?;
-                if let TxnOp::Put { value, .. } = op {
+                if let TxnOp::Put { value, lease, .. } = op {
                     check_value(value)?;
+                    check_lease(*lease)?;
                 }
                 if !matches!(op, TxnOp::Get { .. }) && !written.insert(op.key()) {
                     return Err(StoreError::InvalidTxn {

@@ -555,6 +555,36 @@ pub async fn invalid_input<S: Store>(c: &Case<S>) -> CheckResult {
         ),
         "put on unknown lease"
     );
+    // Lease 0 is no lease on any backend (etcd would read it as "none").
+    let zero = crate::store::LeaseId::new(0);
+    let put = c.store.put(&k, b"x", PutOptions::new().with_lease(zero)).await;
+    ensure!(
+        matches!(put, Err(StoreError::LeaseNotFound { .. })),
+        "put on lease 0: {put:?}"
+    );
+    let txn = c
+        .store
+        .txn(Txn::new().then(TxnOp::Put {
+            key: k.clone(),
+            value: b"x".to_vec(),
+            lease: Some(zero),
+        }))
+        .await;
+    ensure!(
+        matches!(txn, Err(StoreError::LeaseNotFound { .. })),
+        "txn put on lease 0: {txn:?}"
+    );
+    for ttl in [
+        crate::store::MAX_LEASE_TTL + Duration::from_secs(1),
+        Duration::from_secs(u64::MAX),
+        Duration::MAX,
+    ] {
+        let grant = c.store.grant(ttl).await;
+        ensure!(
+            matches!(grant, Err(StoreError::InvalidTtl { .. })),
+            "grant({ttl:?}) gave {grant:?}"
+        );
+    }
     ensure!(
         store(c.store.revision().await, "revision")? == rev,
         "a rejected call moved the revision"

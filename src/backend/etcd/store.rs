@@ -19,7 +19,7 @@ use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant,
     LeaseId, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    Watch, WatchEvent, WriteOutcome, check_key, check_value, prefix_end,
+    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value, prefix_end,
 };
 
 /// How an [`EtcdStore`] connects: timeouts and credentials.
@@ -563,6 +563,7 @@ impl Store for EtcdStore {
     ) -> Result<WriteOutcome, StoreError> {
         check_key(key)?;
         check_value(value)?;
+        check_lease(options.lease)?;
         let request = PbPutRequest {
             key: key.to_vec(),
             value: value.to_vec(),
@@ -643,11 +644,7 @@ impl Store for EtcdStore {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant, StoreError> {
-        if ttl.is_zero() {
-            return Err(StoreError::InvalidTtl {
-                reason: "a lease needs a positive time to live",
-            });
-        }
+        check_ttl(ttl)?;
         // etcd counts whole seconds: round up, never down.
         let secs = i64::try_from(ttl.as_nanos().div_ceil(1_000_000_000)).map_err(|_| {
             StoreError::InvalidTtl {

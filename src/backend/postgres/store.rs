@@ -15,7 +15,7 @@ use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId,
     PolledWatch, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    Watch, WatchEvent, WriteOutcome, check_key, check_value, prefix_end,
+    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value, prefix_end,
 };
 
 /// Settings of a [`PostgresStore`].
@@ -533,6 +533,7 @@ impl Store for PostgresStore {
     ) -> Result<WriteOutcome, StoreError> {
         check_key(key)?;
         check_value(value)?;
+        check_lease(options.lease)?;
         let write = TxnOp::Put {
             key: key.to_vec(),
             value: value.to_vec(),
@@ -621,11 +622,7 @@ impl Store for PostgresStore {
 }
 
 fn ttl_ms(ttl: Duration) -> Result<i64, StoreError> {
-    if ttl.is_zero() {
-        return Err(StoreError::InvalidTtl {
-            reason: "a lease needs a positive time to live",
-        });
-    }
+    check_ttl(ttl)?;
     // Whole milliseconds, rounded up so a lease never lives less than asked.
     let ms = ttl.as_nanos().div_ceil(1_000_000);
     i64::try_from(ms).map_err(|_| StoreError::InvalidTtl {
