@@ -212,6 +212,15 @@ impl<'a> Compound<'a> {
     }
 }
 
+impl<'a> Ser<'a> {
+    /// Starts the fields of an enum variant: its index, then the fields in
+    /// order (their number is fixed by the type).
+    fn variant_fields(self, index: u32, len: usize) -> Compound<'a> {
+        index.encode(self.enc);
+        Compound::start(self.enc, Some(len), false)
+    }
+}
+
 /// Writes scalars: through their [`Codec`] impl (varints, checked tags),
 /// or as little-endian bytes for the types calm's codec has no impl for.
 macro_rules! encode_via {
@@ -225,6 +234,21 @@ macro_rules! encode_via {
             Ok(())
         })*
     };
+}
+
+/// Tuple and struct variants: the index, then the fields in order.
+macro_rules! variant_fields {
+    ($($method:ident),*) => {$(
+        fn $method(
+            self,
+            _: &'static str,
+            index: u32,
+            _: &'static str,
+            len: usize,
+        ) -> Result<Compound<'a>, SerError> {
+            Ok(self.variant_fields(index, len))
+        }
+    )*};
 }
 
 impl<'a> ser::Serializer for Ser<'a> {
@@ -302,30 +326,11 @@ impl<'a> ser::Serializer for Ser<'a> {
     fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Compound<'a>, SerError> {
         Ok(Compound::start(self.enc, Some(len), false))
     }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        index: u32,
-        _: &'static str,
-        len: usize,
-    ) -> Result<Compound<'a>, SerError> {
-        index.encode(self.enc);
-        Ok(Compound::start(self.enc, Some(len), false))
-    }
+    variant_fields!(serialize_tuple_variant, serialize_struct_variant);
     fn serialize_map(self, len: Option<usize>) -> Result<Compound<'a>, SerError> {
         Ok(Compound::start(self.enc, len, true))
     }
     fn serialize_struct(self, _: &'static str, len: usize) -> Result<Compound<'a>, SerError> {
-        Ok(Compound::start(self.enc, Some(len), false))
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        index: u32,
-        _: &'static str,
-        len: usize,
-    ) -> Result<Compound<'a>, SerError> {
-        index.encode(self.enc);
         Ok(Compound::start(self.enc, Some(len), false))
     }
     fn is_human_readable(&self) -> bool {
