@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use calm::coord::{CoordError, Election, Lease, StoreFence};
+use calm::coord::{CoordError, Election, LeaseOptions, StoreFence};
 use calm::store::MemoryStore;
 use calm::testing::faults::InstrumentedStore;
 
@@ -21,20 +21,23 @@ async fn main() -> Result<(), CoordError> {
     for name in ["alpha", "bravo", "charlie"] {
         let conn = InstrumentedStore::new(store.clone());
         conns.push(conn.clone());
+        let election = Election::new(conn.clone(), "demo/leader/")?;
+        let fence = StoreFence::new(conn.clone(), b"demo/fence".to_vec())?;
         let tx = tx.clone();
-        tokio::spawn(async move {
-            let election = Election::new(conn.clone(), "demo/leader/")?;
-            let fence = StoreFence::new(conn.clone(), b"demo/fence".to_vec())?;
-            let lease = Lease::grant(conn.clone(), ttl).await?;
-            let term = election.campaign(&lease, name.as_bytes()).await?;
-            fence
-                .put(term.token(), b"demo/owner", name.as_bytes())
-                .await?;
-            tx.send((name, term.token(), start.elapsed())).ok();
-            // Lead until the lease is lost (this process is "killed" below).
-            lease.lost().await;
-            Ok::<_, CoordError>(())
-        });
+        // The run-loop: campaign, run the work while the term lasts,
+        // cancel it when the term ends, campaign again.
+        let leader = election.leader_loop(name, LeaseOptions::new(ttl));
+        tokio::spawn(leader.run(std::future::pending::<()>(), move |term| {
+            let (fence, tx) = (fence.clone(), tx.clone());
+            async move {
+                // Every write of the leader carries its term's token.
+                fence
+                    .put(term.token(), b"demo/owner", name.as_bytes())
+                    .await?;
+                tx.send((name, term.token(), start.elapsed())).ok();
+                std::future::pending::<Result<(), CoordError>>().await
+            }
+        }));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (first, token, at) = rx.recv().await.expect("a leader");
