@@ -9,6 +9,7 @@ pub(crate) mod postgres {
     use std::time::Duration;
 
     use calm::backend::postgres::{PostgresOptions, PostgresStore};
+    use calm::store::{KeySpan, PutOptions, Store, Watch};
     use calm::testing::conformance::{self, Case, Fixture, TimeControl};
     use calm::testing::servers::{PostgresServer, skip_or_fail};
 
@@ -67,6 +68,81 @@ pub(crate) mod postgres {
             check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
             eprintln!("postgres conformance {name}: ok in {:?}", started.elapsed());
         }
+    }
+
+    /// A server that accepts TLS only: calm connects through
+    /// `connect_with_tls` (here with rustls trusting the server's
+    /// certificate) for its pool and its LISTEN connection; without TLS it
+    /// is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_only_server() {
+        let Some(mut server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        if server.process().is_none() {
+            eprintln!("SKIPPED tls_only_server: an external server's TLS is its own");
+            return;
+        }
+        let ca = server.require_tls().expect("TLS set up");
+        let plain = PostgresStore::connect(&format!("{} sslmode=disable", server.url())).await;
+        assert!(
+            matches!(
+                plain,
+                Err(calm::store::StoreError::Unavailable { .. })
+                    | Err(calm::store::StoreError::Backend { .. })
+            ),
+            "a plain connection is refused: {:?}",
+            plain.map(|_| ())
+        );
+        let tls = {
+            use rustls::pki_types::CertificateDer;
+            use rustls::pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from_pem_slice(&ca).expect("PEM"))
+                .expect("a root");
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            tokio_postgres_rustls::MakeRustlsConnect::new(config)
+        };
+        let options =
+            PostgresOptions::new(format!("{} sslmode=require", server.url())).with_schema("tls");
+        let mut last = None;
+        let mut store = None;
+        for _ in 0..50 {
+            match PostgresStore::connect_with_tls(options.clone(), tls.clone()).await {
+                Ok(s) => {
+                    store = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let store = store.unwrap_or_else(|| panic!("TLS connect: {last:?}"));
+        let mut watch = store
+            .watch(KeySpan::Prefix(b"tls/".to_vec()), calm::occ::Version::ZERO)
+            .await
+            .unwrap();
+        let written = store
+            .put(b"tls/k", b"over TLS", PutOptions::new())
+            .await
+            .unwrap()
+            .committed()
+            .expect("committed");
+        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .expect("the event arrives")
+            .unwrap();
+        assert_eq!(event.kv.mod_revision, written);
+        assert_eq!(
+            store.get(b"tls/k").await.unwrap().map(|kv| kv.value),
+            Some(b"over TLS".to_vec())
+        );
     }
 
     /// A watch ends when its store's last handle is dropped.

@@ -577,3 +577,29 @@ async fn abandoned_waits_leave_no_key() {
         .expect("free again");
     got.unlock().await.unwrap();
 }
+
+/// A lease whose renewal is still in flight at its deadline is lost at
+/// once; when the answer then says the store had ended it, the loss is
+/// told as `Expired`, not as an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_corrects_the_loss_to_expired() {
+    let store = InstrumentedStore::new(MemoryStore::new());
+    let ttl = Duration::from_millis(300);
+    let lease = Lease::grant(store.clone(), ttl).await.unwrap();
+    // Renewals hang from now on, and the store ends the lease meanwhile.
+    store.pause();
+    store.inner().revoke(lease.id()).await.unwrap();
+    let first = tokio::time::timeout(ttl * 3, lease.lost())
+        .await
+        .expect("lost by its deadline");
+    assert_eq!(first, LeaseLoss::Unreachable { cause: None });
+    store.resume();
+    let corrected = tokio::time::timeout(
+        ttl * 3,
+        lease.state_change(&LeaseState::Lost(LeaseLoss::Unreachable { cause: None })),
+    )
+    .await
+    .expect("the in-flight renewal's answer arrives");
+    assert_eq!(corrected, LeaseState::Lost(LeaseLoss::Expired));
+    assert!(!lease.is_alive());
+}

@@ -125,6 +125,20 @@ async fn a_compacted_watch_error_reads_once() {
     assert_says_each_cause_once(&e);
 }
 
+/// `e` is a `WrongFormat` naming both formats, and says `says`.
+fn assert_wrong_format(
+    e: &StoreError,
+    found: calm::store::StoredFormat,
+    expected: calm::store::StoredFormat,
+    says: &str,
+) {
+    assert!(
+        matches!(e, StoreError::WrongFormat { found: f, expected: x } if *f == found && *x == expected),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains(says), "{e}");
+}
+
 /// Reading a key with the other of calm's two formats says what the bytes
 /// are, instead of a parser's complaint about byte 0.
 #[tokio::test]
@@ -146,17 +160,7 @@ async fn a_value_read_in_the_wrong_format_says_what_it_is() {
         .merge_into(b"json", &counter)
         .await
         .expect_err("JSON is not a counter");
-    assert!(
-        matches!(
-            e,
-            StoreError::WrongFormat {
-                found: StoredFormat::Json,
-                expected: StoredFormat::Codec
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.to_string().contains("JSON"), "{e}");
+    assert_wrong_format(&e, StoredFormat::Json, StoredFormat::Codec, "JSON");
     let e = store
         .read_merged::<GCounter>(b"json")
         .await
@@ -172,17 +176,7 @@ async fn a_value_read_in_the_wrong_format_says_what_it_is() {
         .get(b"codec")
         .await
         .expect_err("codec bytes are not JSON");
-    assert!(
-        matches!(
-            e,
-            StoreError::WrongFormat {
-                found: StoredFormat::Codec,
-                expected: StoredFormat::Json
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.to_string().contains("binary codec"), "{e}");
+    assert_wrong_format(&e, StoredFormat::Codec, StoredFormat::Json, "binary codec");
 
     // Bytes in neither format keep the parser's error.
     let _ = store

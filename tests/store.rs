@@ -40,7 +40,7 @@ conformance_tests!(
 /// be forgotten by backends that run the whole suite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_all_passes() {
-    assert_eq!(conformance::checks::<MemoryStore>().len(), 13);
+    assert_eq!(conformance::checks::<MemoryStore>().len(), 14);
     conformance::run_all(&MemoryFixture).await.unwrap();
 }
 

@@ -8,6 +8,12 @@ use crate::store::{Clock, LeaseId, Store, StoreError, SystemClock};
 
 /// Why a [`Lease`] ended.
 ///
+/// A lease is declared lost the moment its deadline passes, even with a
+/// renewal still in flight (`Unreachable`); if that renewal's answer then
+/// says the store had already ended the lease, the loss is corrected once
+/// to `Expired` (the TTL was shorter than a round trip, or the process
+/// was paused). Either way the lease never comes back.
+///
 /// Two losses are equal when they are of the same kind (the cause of an
 /// `Unreachable` is for people and logs, not for comparisons).
 #[derive(Debug, Clone)]
@@ -455,8 +461,10 @@ async fn keep_alive<S: Store>(
             return;
         }
         let sent = clock.now();
+        let renewal = store.keep_alive(id);
+        tokio::pin!(renewal);
         let result = tokio::select! {
-            r = store.keep_alive(id) => Some(r),
+            r = &mut renewal => Some(r),
             () = clock.sleep_until(deadline) => None,
         };
         match result {
@@ -487,7 +495,17 @@ async fn keep_alive<S: Store>(
                 status.send_replace(LeaseState::Suspended { failures, cause: e });
             }
             None => {
+                // The deadline passed with a renewal in flight: the lease
+                // is lost now (the holder must stop). If the store's
+                // answer still comes and says the lease had ended, the
+                // loss is told for what it was: an expiry (a TTL shorter
+                // than a round trip, or a pause), not an outage.
                 lose(LeaseLoss::Unreachable { cause });
+                if let Ok(Err(StoreError::LeaseNotFound { .. })) =
+                    tokio::time::timeout(ttl.max(Duration::from_secs(1)), renewal).await
+                {
+                    status.send_replace(LeaseState::Lost(LeaseLoss::Expired));
+                }
                 return;
             }
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::types::{check_key, check_lease, check_ttl, check_value};
+use super::types::{check_key, check_lease, check_prefix, check_ttl, check_value};
 use super::{
     Clock, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId, PolledWatch,
     PutOptions, RangeResult, Store, StoreError, SystemClock, Txn, TxnOp, TxnOpResult, TxnOutcome,
@@ -528,8 +528,9 @@ impl MemoryStore {
     }
 
     fn watch_now(&self, span: KeySpan, from: Version) -> Result<MemoryWatch, StoreError> {
-        if let KeySpan::Key(k) = &span {
-            check_key(k)?;
+        match &span {
+            KeySpan::Key(k) => check_key(k)?,
+            KeySpan::Prefix(p) => check_prefix(p)?,
         }
         let next = self.with_state(|st, _| {
             if from == Version::ZERO {
@@ -602,6 +603,7 @@ impl Store for MemoryStore {
     }
 
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
+        check_prefix(prefix)?;
         Ok(self.with_state(|st, _| {
             let limit = limit.unwrap_or(usize::MAX);
             let mut kvs = Vec::new();

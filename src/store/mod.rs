@@ -77,8 +77,9 @@ pub use typed::{Entry, Typed, TypedEvent, TypedWatch, UpdateError, Updated};
 pub(crate) use types::prefix_end;
 pub use types::{
     Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant, LeaseId,
-    MAX_KEY_LEN, MAX_LEASE_TTL, MAX_VALUE_LEN, PutOptions, RangeResult, Txn, TxnOp, TxnOpResult,
-    TxnOutcome, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value,
+    MAX_KEY_LEN, MAX_LEASE_TTL, MAX_TXN_BYTES, MAX_TXN_OPS, MAX_VALUE_LEN, PutOptions, RangeResult,
+    Txn, TxnOp, TxnOpResult, TxnOutcome, WatchEvent, WriteOutcome, check_key, check_lease,
+    check_prefix, check_ttl, check_value,
 };
 
 /// A key-value store with etcd's model: revisions, compare-and-set,
@@ -140,8 +141,15 @@ pub trait Store: Send + Sync {
     ///
     /// On [`MemoryStore`], cancel safe (the write happens in one step at
     /// the first poll or not at all). On a remote backend, a future dropped
-    /// after the request was sent may or may not have written; re-read the
-    /// key's `mod_revision` to know.
+    /// after the request left may still be applied **later**, even after a
+    /// read of yours saw it not applied (the request can still be queued
+    /// on a connection or in the server). A read cannot settle it; a write
+    /// can: make the write conditional ([`Expect::Version`] or
+    /// [`Expect::Absent`]) and, after dropping it, write the key again
+    /// under the same expectation. Once that second write commits, the
+    /// first can never apply (its expectation no longer holds); if the
+    /// second conflicts, read the key: the first one (or someone else)
+    /// wrote. An unconditional put has no such guarantee.
     fn put(
         &self,
         key: &[u8],
@@ -235,8 +243,11 @@ pub trait Store: Send + Sync {
     ) -> impl Future<Output = Result<Duration, StoreError>> + Send;
 
     /// Drops the history of changes up to and including `revision` (capped
-    /// at the current revision): watches can no longer start there.
-    /// Current keys are untouched.
+    /// at the current revision): watches can no longer start there, and
+    /// one that tries fails with [`StoreError::Compacted`] naming
+    /// `revision + 1` as the first revision kept. Current keys are
+    /// untouched. (etcd cannot compact past its current revision: there,
+    /// compacting at the current revision keeps that revision readable.)
     ///
     /// # Errors
     ///

@@ -40,6 +40,31 @@ pub fn check_key(key: &[u8]) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Checks a range or watch prefix: at most [`MAX_KEY_LEN`] bytes (no
+/// key could match a longer one); empty selects every key.
+///
+/// # Errors
+///
+/// [`StoreError::InvalidKey`] for an oversized prefix.
+pub fn check_prefix(prefix: &[u8]) -> Result<(), StoreError> {
+    if prefix.len() > MAX_KEY_LEN {
+        return Err(StoreError::InvalidKey {
+            len: prefix.len(),
+            reason: "prefixes are at most MAX_KEY_LEN (1024) bytes",
+        });
+    }
+    Ok(())
+}
+
+/// The most compares, and the most operations in each branch, of one
+/// [`Txn`] (etcd's default `--max-txn-ops`).
+pub const MAX_TXN_OPS: usize = 128;
+
+/// The most key and value bytes one [`Txn`] carries in all (compares and
+/// both branches): one largest value and key with room to spare, under
+/// etcd's default 1.5 MiB request limit on every backend.
+pub const MAX_TXN_BYTES: usize = MAX_VALUE_LEN + (256 << 10);
+
 /// Checks a value against the limits every backend shares.
 ///
 /// # Errors
@@ -579,6 +604,33 @@ impl Txn {
     /// [`StoreError::InvalidKey`], [`StoreError::ValueTooLarge`] or
     /// [`StoreError::InvalidTxn`].
     pub fn check(&self) -> Result<(), StoreError> {
+        if self.compares.len() > MAX_TXN_OPS
+            || self.success.len() > MAX_TXN_OPS
+            || self.failure.len() > MAX_TXN_OPS
+        {
+            return Err(StoreError::InvalidTxn {
+                reason: "more than MAX_TXN_OPS (128) compares or operations in a branch",
+            });
+        }
+        let compared = self.compares.iter().map(|c| {
+            c.key.len()
+                + match &c.target {
+                    CompareTarget::Value(v) => v.len(),
+                    _ => 0,
+                }
+        });
+        let written = self.success.iter().chain(&self.failure).map(|op| {
+            op.key().len()
+                + match op {
+                    TxnOp::Put { value, .. } => value.len(),
+                    _ => 0,
+                }
+        });
+        if compared.chain(written).sum::<usize>() > MAX_TXN_BYTES {
+            return Err(StoreError::InvalidTxn {
+                reason: "more than MAX_TXN_BYTES of keys and values in one transaction",
+            });
+        }
         for c in &self.compares {
             check_key(&c.key)?;
         }

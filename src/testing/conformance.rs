@@ -162,6 +162,45 @@ pub type BoxCheck<'a> = Pin<Box<dyn Future<Output = CheckResult> + Send + 'a>>;
 /// A check, as a function pointer.
 pub type CheckFn<S> = for<'a> fn(&'a Case<S>) -> BoxCheck<'a>;
 
+/// What [`Store::put`]'s cancel-safety section promises: a conditional
+/// write dropped at a random point (before sending, in flight, or after
+/// it applied) is settled by writing again under the same expectation.
+/// If the second write commits, the dropped one never applies, even
+/// later; if it conflicts, the dropped one applied.
+pub async fn dropped_conditional_write<S: Store>(c: &Case<S>) -> CheckResult {
+    let k = c.key("dropped");
+    for round in 0..10u64 {
+        let base = committed(
+            store(c.store.put(&k, b"base", PutOptions::new()).await, "put")?,
+            "put",
+        )?;
+        let expect = PutOptions::new().with_expect(Expect::Version(base));
+        let dropped = format!("dropped {round}").into_bytes();
+        let mine = format!("mine {round}").into_bytes();
+        // Cut the first write short somewhere between 0 and ~1 ms.
+        let cut = Duration::from_micros(round * 97 % 1000);
+        let first = tokio::time::timeout(cut, c.store.put(&k, &dropped, expect)).await;
+        if first.is_ok() {
+            continue; // it finished: nothing was dropped
+        }
+        let second = store(c.store.put(&k, &mine, expect).await, "second put")?;
+        // Give a write still in flight every chance to land.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = store(c.store.get(&k).await, "get")?.map(|kv| kv.value);
+        match second {
+            WriteOutcome::Committed { .. } => ensure!(
+                now.as_deref() == Some(mine.as_slice()),
+                "round {round}: the second write committed, then the key became {now:?}"
+            ),
+            WriteOutcome::Conflict { .. } => ensure!(
+                now.as_deref() == Some(dropped.as_slice()),
+                "round {round}: the second write conflicted, yet the key is {now:?}"
+            ),
+        }
+    }
+    Ok(())
+}
+
 /// A watch does not keep its store alive: given the only handle of a
 /// store, starts a watch, drops the store, and expects the watch to end
 /// with [`StoreError::Closed`] (not hang). Not in [`checks`], which share
@@ -205,6 +244,9 @@ pub fn checks<S: Store + Clone + 'static>() -> Vec<(&'static str, CheckFn<S>)> {
         }),
         ("typed_update_contention", |c| {
             Box::pin(typed_update_contention(c))
+        }),
+        ("dropped_conditional_write", |c| {
+            Box::pin(dropped_conditional_write(c))
         }),
         ("linearizable", |c| Box::pin(linearizable(c))),
     ]
@@ -555,9 +597,49 @@ pub async fn invalid_input<S: Store>(c: &Case<S>) -> CheckResult {
         ),
         "put on unknown lease"
     );
+    // One set of transaction and prefix limits on every backend, checked
+    // before anything is sent; the largest allowed transaction commits.
+    let puts = |n: usize, value: &[u8]| {
+        (0..n).fold(Txn::new(), |t, i| {
+            t.then(TxnOp::put(&c.key(&format!("txn/{i}")), value))
+        })
+    };
+    let over = c.store.txn(puts(crate::store::MAX_TXN_OPS + 1, b"v")).await;
+    ensure!(
+        matches!(over, Err(StoreError::InvalidTxn { .. })),
+        "a transaction of {} puts: {over:?}",
+        crate::store::MAX_TXN_OPS + 1
+    );
+    let heavy = c.store.txn(puts(2, &big[1..])).await;
+    ensure!(
+        matches!(heavy, Err(StoreError::InvalidTxn { .. })),
+        "a transaction of two 1 MiB values: {:?}",
+        heavy.map(|o| o.succeeded)
+    );
+    let wide = c.store.range(&vec![b'p'; MAX_VALUE_LEN], None).await;
+    ensure!(
+        matches!(wide, Err(StoreError::InvalidKey { .. })),
+        "a 1 MiB range prefix: {:?}",
+        wide.map(|r| r.kvs.len())
+    );
+    ensure!(
+        store(c.store.revision().await, "revision")? == rev,
+        "a refused transaction moved the revision"
+    );
+    let rev = {
+        let full = store(
+            c.store.txn(puts(crate::store::MAX_TXN_OPS, b"v")).await,
+            "a transaction of MAX_TXN_OPS puts",
+        )?;
+        ensure!(full.succeeded, "a transaction of MAX_TXN_OPS puts failed");
+        full.revision
+    };
     // Lease 0 is no lease on any backend (etcd would read it as "none").
     let zero = crate::store::LeaseId::new(0);
-    let put = c.store.put(&k, b"x", PutOptions::new().with_lease(zero)).await;
+    let put = c
+        .store
+        .put(&k, b"x", PutOptions::new().with_lease(zero))
+        .await;
     ensure!(
         matches!(put, Err(StoreError::LeaseNotFound { .. })),
         "put on lease 0: {put:?}"
@@ -775,13 +857,29 @@ pub async fn watch_compacted<S: Store>(c: &Case<S>) -> CheckResult {
         store(c.store.put(&k, b"1", PutOptions::new()).await, "put")?,
         "put",
     )?;
-    let mut last = first;
+    let mut revisions = vec![first];
     for i in 0..3u8 {
-        last = committed(
+        revisions.push(committed(
             store(c.store.put(&k, &[i], PutOptions::new()).await, "put")?,
             "put",
-        )?;
+        )?);
     }
+    let (mid, last) = (revisions[1], revisions[3]);
+    // Compacting at R drops R itself: the first revision kept is R + 1,
+    // the same on every backend.
+    store(c.store.compact(mid).await, "compact")?;
+    match c.store.watch(KeySpan::Key(k.clone()), mid).await {
+        Err(StoreError::Compacted { first_kept, .. }) => ensure!(
+            first_kept == mid.next(),
+            "after compact({mid}), a watch from it says {first_kept} is the first kept"
+        ),
+        Err(e) => return Err(format!("watch from the compaction point: {e}")),
+        Ok(_) => return Err(format!("after compact({mid}), a watch from {mid} started")),
+    }
+    drop(store(
+        c.store.watch(KeySpan::Key(k.clone()), mid.next()).await,
+        "watch from the first kept revision",
+    )?);
     store(c.store.compact(last).await, "compact")?;
     match c.store.watch(KeySpan::Key(k.clone()), first).await {
         Err(StoreError::Compacted { requested, .. }) => {

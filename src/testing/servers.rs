@@ -418,6 +418,81 @@ impl PostgresServer {
         }
     }
 
+    /// Makes the server accept TLS connections only: writes a self-signed
+    /// certificate for 127.0.0.1 (with the `openssl` command), turns
+    /// `ssl` on, allows only `hostssl` logins, and restarts it. Returns
+    /// the certificate (PEM) for the client to trust.
+    ///
+    /// # Errors
+    ///
+    /// For a server from `CALM_POSTGRES_URL` (its TLS is its own), or an
+    /// error writing the files or restarting.
+    pub fn require_tls(&mut self) -> Result<Vec<u8>, ServerError> {
+        let io = |what: &'static str| move |source| ServerError::Start { what, source };
+        let Some(dir) = self.dir.clone() else {
+            return Err(ServerError::Start {
+                what: "enabling TLS",
+                source: std::io::Error::other(
+                    "an external server's TLS is configured by its owner",
+                ),
+            });
+        };
+        let data = dir.join("data");
+        let mut openssl = Command::new("openssl");
+        openssl
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                // A server certificate, not a CA: rustls refuses a CA as
+                // the server's own certificate.
+                "-addext",
+                "basicConstraints=critical,CA:FALSE",
+            ])
+            .arg("-keyout")
+            .arg(data.join("server.key"))
+            .arg("-out")
+            .arg(data.join("server.crt"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_user(&mut openssl, self.ids);
+        let out = openssl.output().map_err(io("running openssl"))?;
+        if !out.status.success() {
+            return Err(ServerError::Start {
+                what: "openssl",
+                source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+            });
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                data.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .map_err(io("protecting the key"))?;
+        }
+        let conf = data.join("postgresql.conf");
+        let mut settings = std::fs::read_to_string(&conf).map_err(io("reading postgresql.conf"))?;
+        settings.push_str("\nssl = on\n");
+        std::fs::write(&conf, settings).map_err(io("writing postgresql.conf"))?;
+        let hba = data.join("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba).map_err(io("reading pg_hba.conf"))?;
+        let rules: String = rules
+            .lines()
+            .map(|l| match l.strip_prefix("host ") {
+                Some(rest) => format!("hostssl {rest}\n"),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        std::fs::write(&hba, rules).map_err(io("writing pg_hba.conf"))?;
+        self.restart()?;
+        std::fs::read(data.join("server.crt")).map_err(io("reading the certificate"))
+    }
+
     /// Starts the server again on the same data and port.
     ///
     /// # Errors

@@ -19,7 +19,8 @@ use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, CompareOp, CompareTarget, EventKind, Expect, KeySpan, KeyValue, LeaseGrant,
     LeaseId, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value, prefix_end,
+    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_prefix, check_ttl, check_value,
+    prefix_end,
 };
 
 /// How an [`EtcdStore`] connects: timeouts and credentials.
@@ -535,6 +536,7 @@ impl Store for EtcdStore {
     }
 
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
+        check_prefix(prefix)?;
         let (key, range_end) = prefix_range(prefix);
         let r = self
             .range_request(PbRangeRequest {
@@ -716,8 +718,12 @@ impl Store for EtcdStore {
     }
 
     async fn compact(&self, revision: Version) -> Result<(), StoreError> {
+        // calm drops revisions up to `revision` inclusive; etcd's
+        // compaction at R keeps R and drops what is below it. etcd cannot
+        // compact past its current revision, so compacting at the current
+        // revision keeps that one revision readable on etcd.
         let current = self.revision().await?;
-        let upto = revision.min(current);
+        let upto = revision.next().min(current);
         if upto == Version::ZERO {
             return Ok(());
         }
@@ -749,7 +755,10 @@ impl Store for EtcdStore {
                 check_key(k)?;
                 (k.clone(), Vec::new())
             }
-            KeySpan::Prefix(p) => prefix_range(p),
+            KeySpan::Prefix(p) => {
+                check_prefix(p)?;
+                prefix_range(p)
+            }
         };
         if from != Version::ZERO {
             // etcd confirms a watch on a compacted revision before it

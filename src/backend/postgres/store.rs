@@ -15,7 +15,8 @@ use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId,
     PolledWatch, PutOptions, RangeResult, Store, StoreError, Txn, TxnOp, TxnOpResult, TxnOutcome,
-    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_ttl, check_value, prefix_end,
+    Watch, WatchEvent, WriteOutcome, check_key, check_lease, check_prefix, check_ttl, check_value,
+    prefix_end,
 };
 
 /// Settings of a [`PostgresStore`].
@@ -505,6 +506,7 @@ impl Store for PostgresStore {
     }
 
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
+        check_prefix(prefix)?;
         let end = prefix_end(prefix);
         let fetch = limit.map_or(i64::MAX, |l| {
             i64::try_from(l).unwrap_or(i64::MAX).saturating_add(1)
@@ -600,8 +602,9 @@ impl Store for PostgresStore {
     }
 
     async fn watch(&self, span: KeySpan, from: Version) -> Result<PostgresWatch, StoreError> {
-        if let KeySpan::Key(k) = &span {
-            check_key(k)?;
+        match &span {
+            KeySpan::Key(k) => check_key(k)?,
+            KeySpan::Prefix(p) => check_prefix(p)?,
         }
         let (revision, compacted) = marks(&self.pool, self.sql()).await?;
         let next = if from == Version::ZERO {
