@@ -603,3 +603,75 @@ async fn a_late_answer_corrects_the_loss_to_expired() {
     assert_eq!(corrected, LeaseState::Lost(LeaseLoss::Expired));
     assert!(!lease.is_alive());
 }
+
+/// With feature `tracing`, a lease's trouble is logged: each failed
+/// renewal as a warning with its error, the loss as an error with its
+/// cause.
+#[cfg(feature = "tracing")]
+#[tokio::test]
+async fn lease_trouble_is_logged() {
+    use std::fmt::Write as _;
+    use std::sync::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Keeps every event as "LEVEL field=value ...".
+    struct Capture(Arc<Mutex<Vec<String>>>);
+    struct Line(String);
+    impl Visit for Line {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+        fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+            let _ = write!(self.0, " {}={value}", field.name());
+            let mut next = value.source();
+            while let Some(cause) = next {
+                let _ = write!(self.0, ": {cause}");
+                next = cause.source();
+            }
+        }
+    }
+    impl Subscriber for Capture {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut line = Line(event.metadata().level().to_string());
+            event.record(&mut line);
+            self.0.lock().unwrap().push(line.0);
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    // This test's thread only: the current-thread runtime runs the
+    // lease's keeper here too.
+    let _guard = tracing::subscriber::set_default(Capture(Arc::clone(&lines)));
+    let store = InstrumentedStore::new(MemoryStore::new());
+    let ttl = Duration::from_millis(300);
+    let lease = Lease::grant(store.clone(), ttl).await.unwrap();
+    store.disconnect();
+    tokio::time::timeout(ttl * 3, lease.lost())
+        .await
+        .expect("lost after a TTL without renewals");
+    let lines = lines.lock().unwrap().clone();
+    assert!(
+        lines.iter().any(|l| l.starts_with("WARN")
+            && l.contains("lease renewal failed")
+            && l.contains("backend unavailable: disconnected")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("ERROR")
+            && l.contains("lease lost")
+            && l.contains("disconnected")),
+        "{lines:#?}"
+    );
+}

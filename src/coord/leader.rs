@@ -159,7 +159,11 @@ impl<S: Store + Clone + 'static> LeaderLoop<S> {
             let (lease, term) = match won {
                 Ok(won) => won,
                 Err(e) if e.is_retryable() || e.is_lost_grant() || is_busy(&e) => {
-                    crate::trace::warn!(error = %e, failures, "leader loop: campaign failed; backing off");
+                    crate::trace::warn!(
+                        error = &e as &(dyn std::error::Error + 'static),
+                        failures,
+                        "leader loop: campaign failed; backing off"
+                    );
                     let pause = self.backoff.backoff(failures);
                     failures = failures.saturating_add(1);
                     tokio::select! {

@@ -486,7 +486,7 @@ async fn keep_alive<S: Store>(
                 crate::trace::warn!(
                     lease = ?id,
                     failures,
-                    error = %e,
+                    error = &e as &(dyn std::error::Error + 'static),
                     left = ?deadline.saturating_sub(clock.now()),
                     "lease renewal failed"
                 );

@@ -124,7 +124,7 @@ impl<H: History> PolledWatch<H> {
                 Ok(()) => backoff = Duration::from_millis(20),
                 Err(_e) if resumes => {
                     crate::trace::warn!(
-                        error = %_e,
+                        error = &_e as &(dyn std::error::Error + 'static),
                         next = self.next,
                         retry_in = ?backoff,
                         "watch read failed; reading again from the same revision"

@@ -24,7 +24,10 @@ where
         };
         let connected = config.connect(tls.clone()).await;
         if let Err(_e) = &connected {
-            crate::trace::info!(error = %_e, "LISTEN connection failed; reconnecting");
+            crate::trace::info!(
+                error = _e as &(dyn std::error::Error + 'static),
+                "LISTEN connection failed; reconnecting"
+            );
         }
         if let Ok((client, mut connection)) = connected {
             let sql = format!("LISTEN {channel}");
