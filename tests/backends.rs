@@ -235,7 +235,8 @@ pub(crate) mod etcd {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
-    use calm::backend::etcd::EtcdStore;
+    use calm::backend::etcd::{EtcdOptions, EtcdStore};
+    use calm::store::{KeySpan, PutOptions, Store, Watch};
     use calm::testing::conformance::{self, Case, Fixture, TimeControl};
     use calm::testing::servers::{EtcdServer, skip_or_fail};
 
@@ -276,6 +277,87 @@ pub(crate) mod etcd {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!("cannot connect to etcd: {last:?}");
+    }
+
+    /// POSTs `body` to etcd's JSON gateway at `path`; returns the status
+    /// line and body.
+    fn gateway(endpoint: &str, path: &str, body: &str) -> String {
+        use std::io::{Read, Write};
+        let host = endpoint.trim_start_matches("http://");
+        let mut conn = std::net::TcpStream::connect(host).expect("gateway connection");
+        write!(
+            conn,
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("request");
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).expect("reply");
+        reply
+    }
+
+    /// An etcd with authentication on: calm signs in with
+    /// `EtcdOptions::with_user` and works; without credentials, or with a
+    /// wrong password, it is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn auth_enabled_server() {
+        let Some(server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        if server.process().is_none() {
+            eprintln!("SKIPPED auth_enabled_server: an external server's auth is its own");
+            return;
+        }
+        let ep = server.endpoints()[0].clone();
+        // Wait until the server answers, then turn auth on through its
+        // JSON gateway: a root role and user, then enable.
+        drop(connect(server.endpoints()).await);
+        for (path, body) in [
+            ("/v3/auth/role/add", r#"{"name":"root"}"#),
+            (
+                "/v3/auth/user/add",
+                r#"{"name":"root","password":"s3cret"}"#,
+            ),
+            ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
+            ("/v3/auth/enable", "{}"),
+        ] {
+            let reply = gateway(&ep, path, body);
+            assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+        }
+        let anonymous = EtcdStore::connect(server.endpoints()).await;
+        let refused = match anonymous {
+            Err(e) => Some(e),
+            Ok(store) => store.put(b"auth/k", b"v", PutOptions::new()).await.err(),
+        };
+        assert!(refused.is_some(), "an anonymous client was let in");
+        let wrong = EtcdStore::connect_with(
+            server.endpoints(),
+            EtcdOptions::default().with_user("root", "wrong"),
+        )
+        .await;
+        assert!(wrong.is_err(), "a wrong password was let in");
+        let store = EtcdStore::connect_with(
+            server.endpoints(),
+            EtcdOptions::default().with_user("root", "s3cret"),
+        )
+        .await
+        .expect("signed in");
+        let mut watch = store
+            .watch(KeySpan::Prefix(b"auth/".to_vec()), calm::occ::Version::ZERO)
+            .await
+            .unwrap();
+        let written = store
+            .put(b"auth/k", b"signed in", PutOptions::new())
+            .await
+            .unwrap()
+            .committed()
+            .expect("committed");
+        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .expect("the event arrives")
+            .unwrap();
+        assert_eq!(event.kv.mod_revision, written);
     }
 
     /// A watch ends when its store's last handle is dropped.
