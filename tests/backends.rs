@@ -279,6 +279,54 @@ pub(crate) mod etcd {
         panic!("cannot connect to etcd: {last:?}");
     }
 
+    /// An etcd that serves TLS only: calm connects through a tonic channel
+    /// configured with the server's certificate (`EtcdStore::from_channel`);
+    /// a plain connection is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_only_server() {
+        let Some((server, pem)) = skip_or_fail(EtcdServer::start_tls()) else {
+            return;
+        };
+        let endpoint = server.endpoints()[0].clone();
+        let plain = EtcdStore::connect(&[endpoint.replace("https://", "http://")]).await;
+        assert!(plain.is_err(), "a plain connection was let in");
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&pem));
+        let mut store = None;
+        let mut last = None;
+        for _ in 0..50 {
+            let channel = tonic::transport::Channel::from_shared(endpoint.clone())
+                .expect("an endpoint")
+                .tls_config(tls.clone())
+                .expect("a TLS config")
+                .connect_lazy();
+            match EtcdStore::from_channel(channel, EtcdOptions::default()).await {
+                Ok(s) => {
+                    store = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let store = store.unwrap_or_else(|| panic!("TLS connect: {last:?}"));
+        let mut watch = store
+            .watch(KeySpan::Prefix(b"tls/".to_vec()), calm::occ::Version::ZERO)
+            .await
+            .unwrap();
+        let written = store
+            .put(b"tls/k", b"over TLS", PutOptions::new())
+            .await
+            .unwrap()
+            .committed()
+            .expect("committed");
+        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
+            .await
+            .expect("the event arrives")
+            .unwrap();
+        assert_eq!(event.kv.mod_revision, written);
+    }
+
     /// POSTs `body` to etcd's JSON gateway at `path`; returns the status
     /// line and body.
     fn gateway(endpoint: &str, path: &str, body: &str) -> String {

@@ -438,43 +438,7 @@ impl PostgresServer {
             });
         };
         let data = dir.join("data");
-        let mut openssl = Command::new("openssl");
-        openssl
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            ])
-            .args([
-                "-subj",
-                "/CN=127.0.0.1",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1",
-                // A server certificate, not a CA: rustls refuses a CA as
-                // the server's own certificate.
-                "-addext",
-                "basicConstraints=critical,CA:FALSE",
-            ])
-            .arg("-keyout")
-            .arg(data.join("server.key"))
-            .arg("-out")
-            .arg(data.join("server.crt"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        as_user(&mut openssl, self.ids);
-        let out = openssl.output().map_err(io("running openssl"))?;
-        if !out.status.success() {
-            return Err(ServerError::Start {
-                what: "openssl",
-                source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
-            });
-        }
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(
-                data.join("server.key"),
-                std::fs::Permissions::from_mode(0o600),
-            )
-            .map_err(io("protecting the key"))?;
-        }
+        self_signed(&data, self.ids)?;
         let conf = data.join("postgresql.conf");
         let mut settings = std::fs::read_to_string(&conf).map_err(io("reading postgresql.conf"))?;
         settings.push_str("\nssl = on\n");
@@ -509,6 +473,53 @@ impl PostgresServer {
     }
 }
 
+/// Writes `server.crt` and `server.key` into `dir`: a self-signed server
+/// certificate for 127.0.0.1 (made with the `openssl` command, as the
+/// user `ids` when given), the key readable by its owner only.
+fn self_signed(dir: &Path, ids: Option<(u32, u32)>) -> Result<(), ServerError> {
+    let mut openssl = Command::new("openssl");
+    openssl
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            // A server certificate, not a CA: rustls refuses a CA as the
+            // server's own certificate.
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("server.key"))
+        .arg("-out")
+        .arg(dir.join("server.crt"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    as_user(&mut openssl, ids);
+    let out = openssl.output().map_err(|source| ServerError::Start {
+        what: "running openssl",
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(ServerError::Start {
+            what: "openssl",
+            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).into_owned()),
+        });
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.join("server.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .map_err(|source| ServerError::Start {
+        what: "protecting the key",
+        source,
+    })
+}
+
 fn as_user(cmd: &mut Command, ids: Option<(u32, u32)>) {
     use std::os::unix::process::CommandExt;
     if let Some((uid, gid)) = ids {
@@ -533,6 +544,8 @@ pub struct EtcdServer {
     endpoints: Vec<String>,
     ports: (u16, u16),
     binary: Option<PathBuf>,
+    /// Clients must use TLS (`server.crt` and `server.key` in `dir`).
+    tls: bool,
 }
 
 impl EtcdServer {
@@ -551,21 +564,49 @@ impl EtcdServer {
                 endpoints: eps.split(',').map(str::to_owned).collect(),
                 ports: (0, 0),
                 binary: None,
+                tls: false,
             });
         }
+        Self::start_own(false)
+    }
+
+    /// Starts a fresh single-node server that serves clients over TLS
+    /// only (`https://` endpoints), with a self-signed certificate for
+    /// 127.0.0.1 made by the `openssl` command; returns it with the
+    /// certificate (PEM) for the client to trust. Never an external server.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start), or an error making the certificate.
+    pub fn start_tls() -> Result<(Self, Vec<u8>), ServerError> {
+        let server = Self::start_own(true)?;
+        let dir = server.dir.as_deref().unwrap_or(Path::new("."));
+        let pem = std::fs::read(dir.join("server.crt")).map_err(|source| ServerError::Start {
+            what: "reading the certificate",
+            source,
+        })?;
+        Ok((server, pem))
+    }
+
+    fn start_own(tls: bool) -> Result<Self, ServerError> {
         let binary = find("etcd", &[]).ok_or(ServerError::Missing {
             binary: "etcd",
             package: "etcd-server",
             env: "CALM_ETCD_ENDPOINTS",
         })?;
         let dir = temp_dir("etcd")?;
+        if tls {
+            self_signed(&dir, None)?;
+        }
         let ports = (free_port()?, free_port()?);
+        let scheme = if tls { "https" } else { "http" };
         let mut server = Self {
             process: None,
             dir: Some(dir),
-            endpoints: vec![format!("http://127.0.0.1:{}", ports.0)],
+            endpoints: vec![format!("{scheme}://127.0.0.1:{}", ports.0)],
             ports,
             binary: Some(binary),
+            tls,
         };
         server.launch()?;
         Ok(server)
@@ -575,9 +616,17 @@ impl EtcdServer {
         let (Some(dir), Some(bin)) = (&self.dir, &self.binary) else {
             return Ok(());
         };
-        let client = format!("http://127.0.0.1:{}", self.ports.0);
+        let scheme = if self.tls { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.ports.0);
         let peer = format!("http://127.0.0.1:{}", self.ports.1);
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if self.tls {
+            cmd.arg("--cert-file")
+                .arg(dir.join("server.crt"))
+                .arg("--key-file")
+                .arg(dir.join("server.key"));
+        }
+        let child = cmd
             .arg("--data-dir")
             .arg(dir.join("data"))
             .args(["--name", "calm"])
