@@ -70,6 +70,54 @@ pub(crate) mod postgres {
         }
     }
 
+    /// A store on a pool the user built (`from_pool`) passes every
+    /// conformance check, its watches polling instead of listening.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conformance_on_a_users_pool() {
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let mut config: tokio_postgres::Config = server.url().parse().expect("a URL");
+        config.options(calm::backend::postgres::SESSION_OPTIONS);
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(4)
+            .build()
+            .expect("a pool");
+        for (n, (name, check)) in conformance::checks::<PostgresStore>()
+            .into_iter()
+            .enumerate()
+        {
+            let options = PostgresOptions::new("unused").with_schema(format!("pool{n}"));
+            let mut store = None;
+            for _ in 0..50 {
+                match PostgresStore::from_pool(pool.clone(), options.clone()).await {
+                    Ok(s) => {
+                        store = Some(s);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+            let case = Case {
+                store: store.expect("a store on the pool"),
+                prefix: b"conformance/".to_vec(),
+                time: TimeControl::Real,
+                ttl: Duration::from_secs(1),
+                ops_per_client: 100,
+            };
+            check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let bad =
+            PostgresStore::from_pool(pool, PostgresOptions::new("unused").with_schema("no-dash"))
+                .await;
+        assert!(
+            matches!(bad, Err(calm::store::StoreError::InvalidEndpoint { .. })),
+            "{:?}",
+            bad.map(|_| ())
+        );
+    }
+
     /// A server that accepts TLS only: calm connects through
     /// `connect_with_tls` (here with rustls trusting the server's
     /// certificate) for its pool and its LISTEN connection; without TLS it

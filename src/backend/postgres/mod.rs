@@ -93,4 +93,4 @@ mod sql;
 mod store;
 mod tasks;
 
-pub use store::{PostgresOptions, PostgresStore, PostgresWatch};
+pub use store::{PostgresOptions, PostgresStore, PostgresWatch, SESSION_OPTIONS};

@@ -120,6 +120,8 @@ pub(crate) struct Shared {
     pub(super) changed: Arc<Notify>,
     /// Events to keep.
     pub(super) history: u64,
+    /// Watches read again at least this often (woken sooner by LISTEN).
+    poll: Duration,
     /// Where writes queue for the committers; dropping it (with the last
     /// store handle) ends them once they have answered what they hold.
     queue: Queue,
@@ -252,7 +254,28 @@ pub(super) fn kv_of_columns(row: &Row, at: usize) -> KeyValue {
 /// ends a transaction left idle (nothing of calm's is, but a pooled
 /// connection must never keep a lock because its process froze) and a
 /// lock wait that lasts too long, instead of waiting for ever.
-const SESSION: &str = "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000";
+///
+/// These are the `options` of a connection string; add them to a pool
+/// you pass to [`PostgresStore::from_pool`].
+pub const SESSION_OPTIONS: &str =
+    "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000";
+
+/// Checks a schema name: 1-40 ASCII letters, digits or underscores (it is
+/// spliced into every statement).
+fn check_schema(schema: &str) -> Result<(), StoreError> {
+    if schema.is_empty()
+        || schema.len() > 40
+        || !schema
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(StoreError::InvalidEndpoint {
+            endpoint: schema.to_owned(),
+            source: "schema names are 1-40 ASCII letters, digits or underscores".into(),
+        });
+    }
+    Ok(())
+}
 
 impl PostgresStore {
     /// Connects with default options (schema `calm`).
@@ -317,18 +340,7 @@ impl PostgresStore {
         T::TlsConnect: Sync + Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
-        if options.schema.is_empty()
-            || options.schema.len() > 40
-            || !options
-                .schema
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(StoreError::InvalidEndpoint {
-                endpoint: options.schema,
-                source: "schema names are 1-40 ASCII letters, digits or underscores".into(),
-            });
-        }
+        check_schema(&options.schema)?;
         let mut config: tokio_postgres::Config =
             options
                 .url
@@ -338,8 +350,8 @@ impl PostgresStore {
                     source: Box::new(e),
                 })?;
         let session = match config.get_options() {
-            Some(own) if !own.is_empty() => format!("{own} {SESSION}"),
-            _ => SESSION.to_string(),
+            Some(own) if !own.is_empty() => format!("{own} {SESSION_OPTIONS}"),
+            _ => SESSION_OPTIONS.to_string(),
         };
         config.options(&session);
         if config.get_application_name().is_none() {
@@ -359,6 +371,50 @@ impl PostgresStore {
                 endpoint: options.url.clone(),
                 source: Box::new(e),
             })?;
+        let store = Self::start(pool, &options, Duration::from_secs(1)).await?;
+        let listener = tokio::spawn(tasks::listen(config, tls, Arc::downgrade(&store.shared)));
+        if let Ok(mut tasks) = store.shared.tasks.lock() {
+            tasks.push(listener);
+        }
+        Ok(store)
+    }
+
+    /// A store on a pool you built (your TLS connector, pool size and
+    /// hooks); `options.url` is not used. It creates or upgrades the
+    /// schema like [`connect_with`](Self::connect_with).
+    ///
+    /// Two differences from a store that connects itself: it has no
+    /// `LISTEN` connection (a pooled connection cannot receive
+    /// notifications), so watches read the history every 50 ms instead of
+    /// being woken at once; and calm's session settings are not applied
+    /// to your connections: add [`SESSION_OPTIONS`] to your pool's
+    /// connection options so that no calm statement waits on a lock
+    /// forever.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::InvalidEndpoint`] for an invalid schema name, or as
+    /// [`connect_with`](Self::connect_with) while creating the schema.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (it spawns its background tasks).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`connect_with`](Self::connect_with).
+    pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<Self, StoreError> {
+        check_schema(&options.schema)?;
+        Self::start(pool, &options, Duration::from_millis(50)).await
+    }
+
+    /// Migrates, then starts the committers and the reaper; watches read
+    /// again at least every `poll`.
+    async fn start(
+        pool: Pool,
+        options: &PostgresOptions,
+        poll: Duration,
+    ) -> Result<Self, StoreError> {
         let sql = Arc::new(Sql::new(&options.schema));
         migrate(&pool, &sql).await?;
         let (queue, committers) = batch::spawn(pool.clone(), Arc::clone(&sql), options.committers);
@@ -367,17 +423,16 @@ impl PostgresStore {
             sql,
             changed: Arc::new(Notify::new()),
             history: options.history.max(1),
+            poll,
             queue,
             tasks: std::sync::Mutex::new(Vec::new()),
         });
         let store = Self { pool, shared };
-        let listener = tokio::spawn(tasks::listen(config, tls, Arc::downgrade(&store.shared)));
         let reaper = tokio::spawn(tasks::reap(
             store.pool.clone(),
             Arc::downgrade(&store.shared),
         ));
         if let Ok(mut tasks) = store.shared.tasks.lock() {
-            tasks.push(listener);
             tasks.push(reaper);
         }
         Ok(store)
@@ -724,8 +779,8 @@ impl History for PostgresStore {
 
     fn poll_interval(&self) -> Option<Duration> {
         // A notification sent while the listener reconnects is lost; the
-        // events are not, and a read at least every second finds them.
-        Some(Duration::from_secs(1))
+        // events are not, and a read at least this often finds them.
+        Some(self.shared.poll)
     }
 
     fn resumes_after(&self, error: &StoreError) -> bool {
