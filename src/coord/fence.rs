@@ -114,6 +114,19 @@ impl Fence {
     /// # Errors
     ///
     /// [`Fenced`] naming both tokens if a higher one was already admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::coord::{Fence, FencingToken};
+    ///
+    /// let fence = Fence::new();
+    /// assert!(fence.check(FencingToken::new(33)).is_ok());
+    /// assert!(fence.check(FencingToken::new(34)).is_ok()); // a newer holder
+    /// // The paused holder of #33 wakes and tries to write: refused.
+    /// let refused = fence.check(FencingToken::new(33)).unwrap_err();
+    /// assert_eq!(refused.highest, FencingToken::new(34));
+    /// ```
     pub fn check(&self, token: FencingToken) -> Result<(), Fenced> {
         // The common cases need no read-modify-write: the holder presenting
         // the current token again, or a stale token. Acquire pairs with the

@@ -70,6 +70,28 @@ impl<S: Store + Clone + 'static> Lock<S> {
     /// Cancel safe: if dropped while waiting, the waiter's key is deleted
     /// in the background, so an abandoned wait never ends up holding the
     /// lock. One wait per lease at a time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use calm::coord::{Lease, Lock, StoreFence};
+    /// use calm::store::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::coord::CoordError> {
+    /// let store = MemoryStore::new();
+    /// let lock = Lock::new(store.clone(), "locks/ledger/")?;
+    /// let ledger = StoreFence::new(store.clone(), b"ledger/fence".to_vec())?;
+    /// let lease = Lease::grant(store, Duration::from_secs(10)).await?;
+    /// let guard = lock.lock(&lease).await?;
+    /// // The lock alone is not enough: the write carries its token, and the
+    /// // fence refuses it if a later holder has written since.
+    /// ledger.put(guard.token(), b"ledger/balance", b"100").await?;
+    /// guard.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn lock(&self, lease: &Lease<S>) -> Result<LockGuard<S>, CoordError> {
         let ticket = queue::take_turn(
             &self.store,

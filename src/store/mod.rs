@@ -87,8 +87,9 @@ pub use types::{
 ///
 /// Every method returns a `Send` future. Read the `# Cancel safety` of each
 /// before using it in `select!`: reads are always safe to drop; a dropped
-/// write on a remote backend may or may not have been applied (re-read the
-/// key's version to find out).
+/// write on a remote backend may or may not have been applied, possibly
+/// later than a read you make next (see [`Store::put`] for how a
+/// conditional rewrite settles it).
 pub trait Store: Send + Sync {
     /// The stream a [`watch`](Store::watch) returns.
     type Watch: Watch;
@@ -150,6 +151,29 @@ pub trait Store: Send + Sync {
     /// first can never apply (its expectation no longer holds); if the
     /// second conflicts, read the key: the first one (or someone else)
     /// wrote. An unconditional put has no such guarantee.
+    ///
+    /// # Examples
+    ///
+    /// Compare-and-set: write only if nobody wrote since the read.
+    ///
+    /// ```
+    /// use calm::store::{Expect, MemoryStore, PutOptions, Store, WriteOutcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::store::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let first = store.put(b"balance", b"100", PutOptions::new()).await?;
+    /// let seen = first.committed().expect("an unconditional put commits");
+    /// // Someone else writes in between...
+    /// let _ = store.put(b"balance", b"90", PutOptions::new()).await?;
+    /// // ...so a write that expects the version we read is refused.
+    /// let late = store
+    ///     .put(b"balance", b"150", PutOptions::new().with_expect(Expect::Version(seen)))
+    ///     .await?;
+    /// assert!(matches!(late, WriteOutcome::Conflict { current: Some(_) }));
+    /// # Ok(())
+    /// # }
+    /// ```
     fn put(
         &self,
         key: &[u8],
@@ -185,6 +209,33 @@ pub trait Store: Send + Sync {
     ///
     /// As [`put`](Store::put): atomic either way, but a remote transaction
     /// dropped in flight may or may not have committed.
+    ///
+    /// # Examples
+    ///
+    /// Move an amount between two keys only if neither changed since read.
+    ///
+    /// ```
+    /// use calm::store::{Compare, CompareOp, MemoryStore, PutOptions, Store, Txn, TxnOp};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::store::StoreError> {
+    /// let store = MemoryStore::new();
+    /// let a = store.put(b"a", b"10", PutOptions::new()).await?.committed().unwrap();
+    /// let b = store.put(b"b", b"0", PutOptions::new()).await?.committed().unwrap();
+    /// let out = store
+    ///     .txn(
+    ///         Txn::new()
+    ///             .when(Compare::mod_revision(b"a", CompareOp::Equal, a))
+    ///             .when(Compare::mod_revision(b"b", CompareOp::Equal, b))
+    ///             .then(TxnOp::put(b"a", b"7"))
+    ///             .then(TxnOp::put(b"b", b"3")),
+    ///     )
+    ///     .await?;
+    /// assert!(out.succeeded);
+    /// assert_eq!(store.get(b"b").await?.map(|kv| kv.value), Some(b"3".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnOutcome, StoreError>> + Send;
 
     /// Grants a lease that ends `ttl` after its last keep-alive, by the
@@ -268,6 +319,24 @@ pub trait Store: Send + Sync {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping it before it returns starts no watch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::occ::Version;
+    /// use calm::store::{EventKind, KeySpan, MemoryStore, PutOptions, Store, Watch};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::store::StoreError> {
+    /// let store = MemoryStore::new();
+    /// // From the next revision on (Version::ZERO), every change under "jobs/".
+    /// let mut watch = store.watch(KeySpan::Prefix(b"jobs/".to_vec()), Version::ZERO).await?;
+    /// let _ = store.put(b"jobs/1", b"queued", PutOptions::new()).await?;
+    /// let event = watch.next().await?;
+    /// assert_eq!((event.kind, event.kv.key.as_slice()), (EventKind::Put, &b"jobs/1"[..]));
+    /// # Ok(())
+    /// # }
+    /// ```
     fn watch(
         &self,
         span: KeySpan,

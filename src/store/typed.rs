@@ -252,7 +252,25 @@ impl<S: Store, T: Serialize + DeserializeOwned + Send + Sync> Typed<S, T> {
     ///
     /// Safe to drop: each attempt is one conditional write, applied whole
     /// or not at all; on a remote backend a write dropped in flight may
-    /// have been applied, which a re-read shows.
+    /// still be applied later, but only over the version it read, never
+    /// over a newer value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::store::{MemoryStore, Typed};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::store::StoreError> {
+    /// let hits = Typed::<_, u64>::new(MemoryStore::new());
+    /// // Read, compute, write if unchanged; retried on conflict.
+    /// let done = hits.update(b"page/home", |n| n.copied().unwrap_or(0) + 1).await?;
+    /// assert!(done.written);
+    /// let _ = hits.update(b"page/home", |n| n.copied().unwrap_or(0) + 1).await?;
+    /// assert_eq!(hits.get(b"page/home").await?.map(|v| *v.value()), Some(2));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn update(
         &self,
         key: &[u8],

@@ -23,7 +23,8 @@
 //! - DIFFERENCE: a write whose connection fails after it was sent may or
 //!   may not have been applied by the cluster; such failures are reported
 //!   as [`StoreError::Indeterminate`](crate::store::StoreError::Indeterminate)
-//!   (re-read the key's version). A request that never reached a server is
+//!   (a conditional rewrite settles it: see
+//!   [`Store::put`](crate::store::Store::put)). A request that never reached a server is
 //!   [`StoreError::Unavailable`](crate::store::StoreError::Unavailable).
 
 mod store;

@@ -85,7 +85,8 @@
 //! serialization failure: nothing was written). A connection that breaks
 //! while a write is in flight is
 //! [`StoreError::Indeterminate`](crate::store::StoreError::Indeterminate):
-//! the write may have happened; re-read the key's version. A closed pool
+//! the write may have happened, or may still happen; a conditional rewrite
+//! settles it (see [`Store::put`](crate::store::Store::put)). A closed pool
 //! is [`StoreError::Closed`](crate::store::StoreError::Closed).
 
 mod batch;
