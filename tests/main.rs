@@ -15,6 +15,8 @@ mod faults;
 mod fuzz_seeds;
 mod harness;
 mod laws;
+#[cfg(feature = "postgres")]
+mod pg_fence;
 mod serde_input;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod server_faults;

@@ -90,8 +90,10 @@
 //! is [`StoreError::Closed`](crate::store::StoreError::Closed).
 
 mod batch;
+mod fence;
 mod sql;
 mod store;
 mod tasks;
 
+pub use fence::{MAX_FENCE_NAME, PgFence};
 pub use store::{PostgresOptions, PostgresStore, PostgresWatch, SESSION_OPTIONS};

@@ -262,7 +262,7 @@ pub const SESSION_OPTIONS: &str =
 
 /// Checks a schema name: 1-40 ASCII letters, digits or underscores (it is
 /// spliced into every statement).
-fn check_schema(schema: &str) -> Result<(), StoreError> {
+pub(super) fn check_schema(schema: &str) -> Result<(), StoreError> {
     if schema.is_empty()
         || schema.len() > 40
         || !schema
