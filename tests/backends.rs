@@ -3,13 +3,55 @@
 //! `CALM_POSTGRES_URL` / `CALM_ETCD_ENDPOINTS`). A missing server binary is
 //! a loud skip, or a failure under `CALM_REQUIRE_SERVERS=1`.
 
+/// Calls `connect` until it succeeds (a just-started server warms up).
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+async fn retry_connect<T, Fut>(mut connect: impl FnMut() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, calm::store::StoreError>>,
+{
+    let mut last = None;
+    for _ in 0..50 {
+        match connect().await {
+            Ok(t) => return t,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("cannot connect: {last:?}");
+}
+
+/// A put under `prefix` commits, reads back, and reaches a watch.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+async fn put_is_read_and_watched<S: calm::store::Store>(store: &S, prefix: &[u8]) {
+    use calm::store::{KeySpan, PutOptions, Watch};
+    let mut watch = store
+        .watch(KeySpan::Prefix(prefix.to_vec()), calm::occ::Version::ZERO)
+        .await
+        .unwrap();
+    let key = [prefix, b"k"].concat();
+    let written = store
+        .put(&key, b"v", PutOptions::new())
+        .await
+        .unwrap()
+        .committed()
+        .expect("committed");
+    let event = tokio::time::timeout(std::time::Duration::from_secs(5), watch.next())
+        .await
+        .expect("the event arrives")
+        .unwrap();
+    assert_eq!(event.kv.mod_revision, written);
+    assert_eq!(
+        store.get(&key).await.unwrap().map(|kv| kv.value),
+        Some(b"v".to_vec())
+    );
+}
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
     use calm::backend::postgres::{PostgresOptions, PostgresStore};
-    use calm::store::{KeySpan, PutOptions, Store, Watch};
     use calm::testing::conformance::{self, Case, Fixture, TimeControl};
     use calm::testing::servers::{PostgresServer, skip_or_fail};
 
@@ -89,18 +131,12 @@ pub(crate) mod postgres {
             .enumerate()
         {
             let options = PostgresOptions::new("unused").with_schema(format!("pool{n}"));
-            let mut store = None;
-            for _ in 0..50 {
-                match PostgresStore::from_pool(pool.clone(), options.clone()).await {
-                    Ok(s) => {
-                        store = Some(s);
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            }
+            let store = crate::backends::retry_connect(|| {
+                PostgresStore::from_pool(pool.clone(), options.clone())
+            })
+            .await;
             let case = Case {
-                store: store.expect("a store on the pool"),
+                store,
                 prefix: b"conformance/".to_vec(),
                 time: TimeControl::Real,
                 ttl: Duration::from_secs(1),
@@ -159,38 +195,11 @@ pub(crate) mod postgres {
         };
         let options =
             PostgresOptions::new(format!("{} sslmode=require", server.url())).with_schema("tls");
-        let mut last = None;
-        let mut store = None;
-        for _ in 0..50 {
-            match PostgresStore::connect_with_tls(options.clone(), tls.clone()).await {
-                Ok(s) => {
-                    store = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let store = store.unwrap_or_else(|| panic!("TLS connect: {last:?}"));
-        let mut watch = store
-            .watch(KeySpan::Prefix(b"tls/".to_vec()), calm::occ::Version::ZERO)
-            .await
-            .unwrap();
-        let written = store
-            .put(b"tls/k", b"over TLS", PutOptions::new())
-            .await
-            .unwrap()
-            .committed()
-            .expect("committed");
-        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
-            .await
-            .expect("the event arrives")
-            .unwrap();
-        assert_eq!(event.kv.mod_revision, written);
-        assert_eq!(
-            store.get(b"tls/k").await.unwrap().map(|kv| kv.value),
-            Some(b"over TLS".to_vec())
-        );
+        let store = crate::backends::retry_connect(|| {
+            PostgresStore::connect_with_tls(options.clone(), tls.clone())
+        })
+        .await;
+        crate::backends::put_is_read_and_watched(&store, b"tls/").await;
     }
 
     /// A watch ends when its store's last handle is dropped.
@@ -284,7 +293,7 @@ pub(crate) mod etcd {
     use std::time::Duration;
 
     use calm::backend::etcd::{EtcdOptions, EtcdStore};
-    use calm::store::{KeySpan, PutOptions, Store, Watch};
+    use calm::store::{PutOptions, Store};
     use calm::testing::conformance::{self, Case, Fixture, TimeControl};
     use calm::testing::servers::{EtcdServer, skip_or_fail};
 
@@ -340,39 +349,16 @@ pub(crate) mod etcd {
         assert!(plain.is_err(), "a plain connection was let in");
         let tls = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(&pem));
-        let mut store = None;
-        let mut last = None;
-        for _ in 0..50 {
+        let store = crate::backends::retry_connect(|| {
             let channel = tonic::transport::Channel::from_shared(endpoint.clone())
                 .expect("an endpoint")
                 .tls_config(tls.clone())
                 .expect("a TLS config")
                 .connect_lazy();
-            match EtcdStore::from_channel(channel, EtcdOptions::default()).await {
-                Ok(s) => {
-                    store = Some(s);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let store = store.unwrap_or_else(|| panic!("TLS connect: {last:?}"));
-        let mut watch = store
-            .watch(KeySpan::Prefix(b"tls/".to_vec()), calm::occ::Version::ZERO)
-            .await
-            .unwrap();
-        let written = store
-            .put(b"tls/k", b"over TLS", PutOptions::new())
-            .await
-            .unwrap()
-            .committed()
-            .expect("committed");
-        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
-            .await
-            .expect("the event arrives")
-            .unwrap();
-        assert_eq!(event.kv.mod_revision, written);
+            EtcdStore::from_channel(channel, EtcdOptions::default())
+        })
+        .await;
+        crate::backends::put_is_read_and_watched(&store, b"tls/").await;
     }
 
     /// POSTs `body` to etcd's JSON gateway at `path`; returns the status
@@ -439,21 +425,7 @@ pub(crate) mod etcd {
         )
         .await
         .expect("signed in");
-        let mut watch = store
-            .watch(KeySpan::Prefix(b"auth/".to_vec()), calm::occ::Version::ZERO)
-            .await
-            .unwrap();
-        let written = store
-            .put(b"auth/k", b"signed in", PutOptions::new())
-            .await
-            .unwrap()
-            .committed()
-            .expect("committed");
-        let event = tokio::time::timeout(Duration::from_secs(5), watch.next())
-            .await
-            .expect("the event arrives")
-            .unwrap();
-        assert_eq!(event.kv.mod_revision, written);
+        crate::backends::put_is_read_and_watched(&store, b"auth/").await;
     }
 
     /// A watch ends when its store's last handle is dropped.
