@@ -650,18 +650,37 @@ async fn lease_trouble_is_logged() {
         fn exit(&self, _: &Id) {}
     }
 
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    // This test's thread only: the current-thread runtime runs the
-    // lease's keeper here too.
-    let _guard = tracing::subscriber::set_default(Capture(Arc::clone(&lines)));
+    // A process-wide subscriber: a thread-local one can miss events of
+    // call sites another test thread reached first.
+    static LINES: std::sync::OnceLock<Arc<Mutex<Vec<String>>>> = std::sync::OnceLock::new();
+    let lines = LINES
+        .get_or_init(|| {
+            let lines = Arc::default();
+            tracing::subscriber::set_global_default(Capture(Arc::clone(&lines)))
+                .expect("the only global subscriber");
+            lines
+        })
+        .clone();
     let store = InstrumentedStore::new(MemoryStore::new());
+    // Leases of other tests' stores are numbered from 1: make this one's
+    // id stand out.
+    for _ in 0..4096 {
+        store.inner().grant(Duration::from_secs(60)).await.unwrap();
+    }
     let ttl = Duration::from_millis(300);
     let lease = Lease::grant(store.clone(), ttl).await.unwrap();
+    let ours = format!("lease={:?}", lease.id());
     store.disconnect();
     tokio::time::timeout(ttl * 3, lease.lost())
         .await
         .expect("lost after a TTL without renewals");
-    let lines = lines.lock().unwrap().clone();
+    let lines: Vec<String> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&format!("{ours} ")) || l.ends_with(&ours))
+        .cloned()
+        .collect();
     assert!(
         lines.iter().any(|l| l.starts_with("WARN")
             && l.contains("lease renewal failed")
