@@ -7,7 +7,7 @@ use std::time::Duration;
 use calm::backend::postgres::{MAX_FENCE_NAME, PgFence};
 use calm::coord::{CoordError, FencingToken};
 use calm::testing::servers::{PostgresServer, skip_or_fail};
-use tokio_postgres::{Client, IsolationLevel, NoTls};
+use tokio_postgres::{Client, IsolationLevel, NoTls, Transaction};
 
 const LEVELS: [IsolationLevel; 3] = [
     IsolationLevel::ReadCommitted,
@@ -44,6 +44,15 @@ async fn setup(c: &Client, fence: &PgFence) {
     )
     .await
     .expect("user tables");
+}
+
+/// A transaction of `c` at `level`.
+async fn begin(c: &mut Client, level: IsolationLevel) -> Transaction<'_> {
+    c.build_transaction()
+        .isolation_level(level)
+        .start()
+        .await
+        .expect("begin")
 }
 
 fn t(n: u64) -> FencingToken {
@@ -132,22 +141,12 @@ async fn commits_follow_token_order_at_every_isolation_level() {
         let name = format!("{level:?}");
         let (low, high) = (t(next), t(next + 1));
         next += 10;
-        let ta = a
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let ta = begin(&mut a, level).await;
         fence.admit(&ta, &name, low).await.unwrap();
         // B, with the higher token, must wait for A to end.
         let (fence_b, name_b) = (fence.clone(), name.clone());
         let waiting = tokio::spawn(async move {
-            let tb = b
-                .build_transaction()
-                .isolation_level(level)
-                .start()
-                .await
-                .unwrap();
+            let tb = begin(&mut b, level).await;
             let admitted = fence_b.admit(&tb, &name_b, high).await;
             if admitted.is_ok() {
                 tb.commit().await.unwrap();
@@ -172,24 +171,14 @@ async fn commits_follow_token_order_at_every_isolation_level() {
                 IsolationLevel::RepeatableRead | IsolationLevel::Serializable,
                 Err(CoordError::Store(e)),
             ) if e.is_retryable() => {
-                let tb = b
-                    .build_transaction()
-                    .isolation_level(level)
-                    .start()
-                    .await
-                    .unwrap();
+                let tb = begin(&mut b, level).await;
                 fence.admit(&tb, &name, high).await.unwrap();
                 tb.commit().await.unwrap();
             }
             (_, other) => panic!("{level:?}: the higher token was not admitted: {other:?}"),
         }
         // Now the lower token is refused, at this level too.
-        let ta = a
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let ta = begin(&mut a, level).await;
         match fence.admit(&ta, &name, low).await {
             Err(CoordError::Fenced(f)) => assert_eq!(f.highest, high),
             other => panic!("{level:?}: a stale token got {other:?}"),
@@ -197,21 +186,11 @@ async fn commits_follow_token_order_at_every_isolation_level() {
         ta.rollback().await.unwrap();
         // A transaction whose snapshot predates the higher token's commit
         // is not admitted either.
-        let ta = a
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let ta = begin(&mut a, level).await;
         ta.query_one("SELECT count(*) FROM accounts", &[])
             .await
             .unwrap();
-        let tb = b
-            .build_transaction()
-            .isolation_level(level)
-            .start()
-            .await
-            .unwrap();
+        let tb = begin(&mut b, level).await;
         fence.admit(&tb, &name, t(next)).await.unwrap();
         tb.commit().await.unwrap();
         match fence.admit(&ta, &name, t(next - 1)).await {
@@ -258,12 +237,7 @@ async fn racing_writers_never_commit_out_of_token_order() {
             for _ in 0..rounds {
                 let token = t(1 + next() % 60);
                 let level = LEVELS[(next() % 3) as usize];
-                let tx = c
-                    .build_transaction()
-                    .isolation_level(level)
-                    .start()
-                    .await
-                    .unwrap();
+                let tx = begin(&mut c, level).await;
                 let admitted = fence.admit(&tx, "accounts", token).await;
                 if next() % 2 == 0 {
                     tokio::time::sleep(Duration::from_millis(next() % 15)).await;
@@ -323,4 +297,365 @@ async fn racing_writers_never_commit_out_of_token_order() {
     );
     assert_eq!(balance(&setup_client).await, 100 + i64::from(committed));
     assert!(committed > 0, "some writes committed");
+}
+
+/// Rows in the fence table for `name`.
+async fn recorded(c: &Client, name: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM calm_fence.fences WHERE name = $1",
+        &[&name],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// An admission in a transaction that already failed, and one whose
+/// connection is closed while it waits for the fence row: typed store
+/// errors (the second retryable: nothing was written), and neither leaves
+/// a fence row behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_transaction_or_a_closed_connection_admits_nothing() {
+    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+        return;
+    };
+    let fence = PgFence::new("calm_fence").unwrap();
+    let mut a = client(server.url()).await;
+    let mut b = client(server.url()).await;
+    let observer = client(server.url()).await;
+    setup(&observer, &fence).await;
+
+    let tx = a.transaction().await.unwrap();
+    assert!(tx.execute("SELECT 1 / 0", &[]).await.is_err());
+    match fence.admit(&tx, "aborted", t(5)).await {
+        Err(CoordError::Store(e)) => assert!(!e.is_retryable(), "{e}"),
+        other => panic!("an aborted transaction's admission got {other:?}"),
+    }
+    drop(tx);
+    assert_eq!(recorded(&observer, "aborted").await, 0);
+
+    // B holds the fence row in an open transaction; A's admission waits
+    // for it, and A's session is ended while it waits.
+    let tb = b.transaction().await.unwrap();
+    fence.admit(&tb, "held", t(10)).await.unwrap();
+    let pid: i32 = a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let fence_a = fence.clone();
+    let waiting = tokio::spawn(async move {
+        let ta = a.transaction().await.unwrap();
+        fence_a.admit(&ta, "held", t(20)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "admitted past an open admission");
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    match waiting.await.unwrap() {
+        Err(CoordError::Store(e)) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("an admission on a closed connection got {other:?}"),
+    }
+    tb.rollback().await.unwrap();
+    assert_eq!(recorded(&observer, "held").await, 0);
+}
+
+/// The same fence through sqlx: the seed scenario, bad input, and a
+/// snapshot that predates a newer holder's commit (refused, or a
+/// retryable serialization failure).
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlx_transactions_are_fenced_alike() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+        return;
+    };
+    let fence = PgFence::new("calm_fence").unwrap();
+    let c = client(server.url()).await;
+    setup(&c, &fence).await;
+    // The test server's libpq-style string, as sqlx's options.
+    let word = |key: &str| {
+        server
+            .url()
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap()
+            .to_owned()
+    };
+    let options = PgConnectOptions::new()
+        .host(&word("host="))
+        .port(word("port=").parse().unwrap())
+        .username(&word("user="))
+        .database(&word("dbname="));
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    fence.admit_sqlx(&mut tx, "accounts", t(34)).await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = 50 WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = 0 WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    match fence.admit_sqlx(&mut tx, "accounts", t(33)).await {
+        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(33), t(34))),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    tx.rollback().await.unwrap();
+    assert_eq!(balance(&c).await, 50, "the stale write never landed");
+    assert!(matches!(
+        fence
+            .admit_sqlx(&mut pool.acquire().await.unwrap(), "", t(40))
+            .await,
+        Err(CoordError::InvalidName { .. })
+    ));
+
+    // A repeatable-read snapshot taken before a newer holder commits.
+    let mut old = pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *old)
+        .await
+        .unwrap();
+    sqlx::query("SELECT count(*) FROM accounts")
+        .execute(&mut *old)
+        .await
+        .unwrap();
+    let mut newer = pool.begin().await.unwrap();
+    fence
+        .admit_sqlx(&mut newer, "accounts", t(40))
+        .await
+        .unwrap();
+    newer.commit().await.unwrap();
+    match fence.admit_sqlx(&mut old, "accounts", t(41)).await {
+        Err(CoordError::Store(e)) => assert!(e.is_retryable(), "{e}"),
+        other => panic!("a stale snapshot's admission got {other:?}"),
+    }
+    old.rollback().await.unwrap();
+}
+
+/// The seed scenario with the stale holder a separate OS process: it
+/// takes calm's `Lock` on a `PostgresStore` (lease TTL 1 s) and is frozen
+/// with SIGSTOP, once before it opens its transaction and once inside it
+/// (after admitting and updating). Its successor acquires the lock when
+/// the frozen lease expires, admits its own token (in the second case
+/// after the server ends the frozen session, idle in its transaction past
+/// `idle_in_transaction_session_timeout`) and commits. Resumed, the stale
+/// holder is refused either way, and an observer polling the account
+/// never sees the stale holder's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_holder_process_never_commits_after_its_successor() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    use calm::backend::postgres::{PostgresOptions, PostgresStore};
+    use calm::coord::{Lease, Lock};
+    use calm::testing::servers::{Signal, send_signal};
+
+    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+        return;
+    };
+    let store =
+        PostgresStore::connect_with(PostgresOptions::new(server.url()).with_schema("fence_locks"))
+            .await
+            .unwrap();
+    let lock = Lock::new(store.clone(), "locks/accounts/").unwrap();
+    let fence = PgFence::new("calm_fence").unwrap();
+    let mut c = client(server.url()).await;
+    let observer = client(server.url()).await;
+    setup(&c, &fence).await;
+    // Every stale token the observer must never see as the last writer.
+    let stale = Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+    let seen_stale = {
+        let stale = Arc::clone(&stale);
+        tokio::spawn(async move {
+            loop {
+                let last: i64 = observer
+                    .query_one("SELECT last_token FROM accounts WHERE id = 1", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                if stale.lock().unwrap().contains(&last) {
+                    return last;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let exe = std::env::current_exe().unwrap();
+    for phase in ["before-tx", "in-tx"] {
+        let child = Command::new(&exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "--nocapture",
+                "pg_fence::fenced_holder",
+            ])
+            .env("CALM_FENCED_HOLDER", format!("{}|{phase}", server.url()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = crate::server_faults::Kill(vec![child]);
+        let pid = child.0[0].id();
+        let mut stdin = child.0[0].stdin.take().unwrap();
+        let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+        let stdout = child.0[0].stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines_tx.send(line);
+            }
+        });
+        let next = |prefix: &str| loop {
+            let line = lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{phase}: the holder went quiet"));
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        };
+        let token: i64 = next("HOLDING ").trim().parse().unwrap();
+        stale.lock().unwrap().push(token);
+        send_signal(pid, Signal::Stop).unwrap();
+
+        let lease = Lease::grant(store.clone(), Duration::from_secs(1))
+            .await
+            .unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(30), lock.lock(&lease))
+            .await
+            .expect("the frozen holder's lease never expired")
+            .unwrap();
+        let mine = i64::try_from(guard.token().get()).unwrap();
+        assert!(mine > token, "{phase}: successor {mine} after {token}");
+        let tx = c.transaction().await.unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            fence.admit(&tx, "accounts", guard.token()),
+        )
+        .await
+        .expect("the frozen holder's transaction was never ended")
+        .unwrap();
+        tx.execute(
+            "UPDATE accounts SET balance = balance + 5, last_token = $1 WHERE id = 1",
+            &[&mine],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+
+        send_signal(pid, Signal::Cont).unwrap();
+        writeln!(stdin, "GO").unwrap();
+        let outcome = next("OUTCOME ");
+        assert!(
+            outcome.starts_with("refused"),
+            "{phase}: the stale holder {outcome}"
+        );
+        let row = c
+            .query_one("SELECT balance, last_token FROM accounts WHERE id = 1", &[])
+            .await
+            .unwrap();
+        let (balance, last): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(last, mine, "{phase}: the last writer is the successor");
+        let expected = if phase == "before-tx" { 105 } else { 110 };
+        assert_eq!(
+            balance, expected,
+            "{phase}: only the successors' +5s landed"
+        );
+        guard.unlock().await.unwrap();
+        lease.revoke().await.unwrap();
+        let _ = child.0[0].wait();
+    }
+    assert!(
+        !seen_stale.is_finished(),
+        "a stale holder's write was visible"
+    );
+    seen_stale.abort();
+}
+
+/// The stale holder of
+/// [`a_frozen_holder_process_never_commits_after_its_successor`]: does
+/// nothing unless `CALM_FENCED_HOLDER` (`url|phase`) is set. Prints
+/// `HOLDING <token>` once it holds the lock (and, in phase `in-tx`, has
+/// admitted and updated the account in an open transaction), waits for
+/// `GO` on stdin, then finishes and prints `OUTCOME committed` or
+/// `OUTCOME refused: <error>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "entry point of the frozen holder process"]
+async fn fenced_holder() {
+    use calm::backend::postgres::{PostgresOptions, PostgresStore};
+    use calm::coord::{Lease, Lock};
+
+    let Ok(config) = std::env::var("CALM_FENCED_HOLDER") else {
+        return;
+    };
+    let (url, phase) = config.split_once('|').expect("url|phase");
+    let store = PostgresStore::connect_with(PostgresOptions::new(url).with_schema("fence_locks"))
+        .await
+        .unwrap();
+    let lock = Lock::new(store.clone(), "locks/accounts/").unwrap();
+    let lease = Lease::grant(store.clone(), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let guard = lock.lock(&lease).await.unwrap();
+    let token = guard.token();
+    let mine = i64::try_from(token.get()).unwrap();
+    let fence = PgFence::new("calm_fence").unwrap();
+    let mut c = client(url).await;
+    // What a fenced writer's sessions should set: a holder frozen inside
+    // its transaction keeps the fence row locked until the server ends
+    // the session.
+    c.batch_execute("SET idle_in_transaction_session_timeout = '1s'")
+        .await
+        .unwrap();
+    let stale_write = "UPDATE accounts SET balance = balance - 10, last_token = $1 WHERE id = 1";
+    let holding = || println!("HOLDING {mine}");
+    let finished = if phase == "in-tx" {
+        let t = c.transaction().await.unwrap();
+        fence.admit(&t, "accounts", token).await.unwrap();
+        t.execute(stale_write, &[&mine]).await.unwrap();
+        holding();
+        wait_for_go().await;
+        t.commit().await.map_err(|e| e.to_string())
+    } else {
+        holding();
+        wait_for_go().await;
+        async {
+            let t = c.transaction().await.map_err(|e| e.to_string())?;
+            fence
+                .admit(&t, "accounts", token)
+                .await
+                .map_err(|e| e.to_string())?;
+            t.execute(stale_write, &[&mine])
+                .await
+                .map_err(|e| e.to_string())?;
+            t.commit().await.map_err(|e| e.to_string())
+        }
+        .await
+    };
+    match finished {
+        Ok(()) => println!("OUTCOME committed"),
+        Err(e) => println!("OUTCOME refused: {e}"),
+    }
+}
+
+/// Blocks until the test writes `GO` to this process' stdin (the process
+/// is frozen meanwhile, then resumed).
+async fn wait_for_go() {
+    let go = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    });
+    assert_eq!(go.await.unwrap().unwrap().trim(), "GO");
 }

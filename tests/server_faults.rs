@@ -424,8 +424,9 @@ pub(crate) fn election_failover(
     failovers
 }
 
-/// Kills the candidate processes when the test ends, however it ends.
-struct Kill(Vec<std::process::Child>);
+/// Kills child processes when the test ends, however it ends (resuming
+/// them first, so a frozen one dies too).
+pub(crate) struct Kill(pub(crate) Vec<std::process::Child>);
 
 impl Drop for Kill {
     fn drop(&mut self) {

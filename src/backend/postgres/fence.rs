@@ -1,8 +1,11 @@
 //! Fencing inside the user's own PostgreSQL transactions.
 
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 
 use super::store::{check_schema, pg_error};
+#[cfg(feature = "sqlx")]
+use super::store::{classify, session_lost};
 use crate::coord::{CoordError, Fenced, FencingToken};
 use crate::store::StoreError;
 
@@ -42,6 +45,15 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// Admit before acting on what you read: under READ COMMITTED, rows read
 /// before the admission may predate a newer holder's commit.
 ///
+/// A holder frozen *inside* its transaction (a GC pause after `admit`)
+/// keeps the fence row locked, so its successor's admission waits for
+/// that transaction to end. Set `idle_in_transaction_session_timeout` on
+/// the sessions that admit (a few seconds, say): the server then ends a
+/// frozen session and rolls its writes back, and the successor goes on.
+/// `lock_timeout` makes the successor give up sooner instead (a retryable
+/// [`StoreError::Unavailable`]). Either way the frozen holder's commit
+/// fails when it wakes.
+///
 /// A resource that cannot check tokens at all (an external API, email)
 /// cannot be fenced: give each effect an idempotency key instead
 /// ([`Idempotent`](crate::coord::Idempotent)), so a repeat is harmless.
@@ -77,8 +89,12 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgFence {
+    /// [`migration`](PgFence::migration)'s SQL.
     migration: String,
+    /// The admission: raises the row's token to `$2` unless it is higher,
+    /// and returns whether it did with the highest token its snapshot saw.
     admit: String,
+    /// The row's token as now committed (the row is locked by then).
     highest: String,
 }
 
@@ -98,10 +114,17 @@ impl PgFence {
                      name text PRIMARY KEY,\n    \
                      token bigint NOT NULL CHECK (token >= 0));\n"
             ),
+            // ON CONFLICT DO UPDATE locks the existing row even when its
+            // WHERE refuses the update, so a refused admission also waits
+            // for (and then sees) any open one. The scalar subquery reads
+            // the statement's snapshot: under READ COMMITTED it can predate
+            // a commit the upsert waited for, which `admit` checks.
             admit: format!(
-                "INSERT INTO {s}.fences AS f (name, token) VALUES ($1, $2) \
+                "WITH up AS (INSERT INTO {s}.fences AS f (name, token) VALUES ($1, $2) \
                  ON CONFLICT (name) DO UPDATE SET token = excluded.token \
-                 WHERE f.token <= excluded.token RETURNING f.token"
+                 WHERE f.token <= excluded.token RETURNING f.token) \
+                 SELECT EXISTS (SELECT 1 FROM up), \
+                 (SELECT token FROM {s}.fences WHERE name = $1)"
             ),
             highest: format!("SELECT token FROM {s}.fences WHERE name = $1"),
         })
@@ -131,6 +154,11 @@ impl PgFence {
 
     /// Admits `token` for fence `name` inside `tx`, or refuses it.
     ///
+    /// One statement and one round trip (the statement is sent with its
+    /// parameter types, so nothing is prepared first). A
+    /// [`deadpool_postgres::Transaction`] dereferences to the
+    /// `tokio_postgres` one this takes.
+    ///
     /// # Errors
     ///
     /// [`CoordError::Fenced`] if a higher token was recorded for `name`
@@ -151,31 +179,140 @@ impl PgFence {
         name: &str,
         token: FencingToken,
     ) -> Result<(), CoordError> {
-        if name.is_empty() || name.len() > MAX_FENCE_NAME {
-            return Err(CoordError::InvalidName {
-                reason: "fence names are 1 to MAX_FENCE_NAME (256) bytes",
-            });
-        }
-        let presented = i64::try_from(token.get()).map_err(|_| CoordError::InvalidName {
-            reason: "a token above i64::MAX cannot be recorded",
-        })?;
+        let presented = check_admission(name, token)?;
         // A transaction's statement applies nothing if its connection
         // breaks: the transaction rolls back.
-        let admitted = tx
-            .query_opt(&self.admit, &[&name, &presented])
+        let err = |e| CoordError::Store(pg_error(e, false));
+        let row = tx
+            .query_typed_one(
+                &self.admit,
+                &[(&name, Type::TEXT), (&presented, Type::INT8)],
+            )
             .await
-            .map_err(|e| pg_error(e, false))?;
-        if admitted.is_some() {
+            .map_err(err)?;
+        if row.get::<_, bool>(0) {
             return Ok(());
         }
-        let highest: i64 = tx
-            .query_one(&self.highest, &[&name])
-            .await
-            .map_err(|e| pg_error(e, false))?
-            .get(0);
-        Err(CoordError::Fenced(Fenced::new(
-            token,
-            FencingToken::new(highest.unsigned_abs()),
-        )))
+        let highest = match higher(token, row.get(1)) {
+            Some(h) => h,
+            None => tx
+                .query_typed_one(&self.highest, &[(&name, Type::TEXT)])
+                .await
+                .map_err(err)?
+                .get(0),
+        };
+        Err(refusal(token, highest))
     }
+
+    /// [`admit`](PgFence::admit) for [`sqlx`] (feature `sqlx`): admits
+    /// `token` for fence `name` on `conn`, which must be inside a
+    /// transaction (pass `&mut *tx` for a `sqlx::Transaction<'_, Postgres>`),
+    /// or refuses it. The same SQL and the same guarantees as `admit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](PgFence::admit); a database error is
+    /// [`CoordError::Store`] with the sqlx error as its source
+    /// ([`StoreError::Unavailable`] for a serialization failure, a
+    /// deadlock or a lost connection: nothing was written).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it leaves the transaction in an unknown state: roll it
+    /// back.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use calm::backend::postgres::PgFence;
+    /// use calm::coord::FencingToken;
+    ///
+    /// # async fn run(pool: sqlx::PgPool, token: FencingToken)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let fence = PgFence::new("calm")?;
+    /// let mut tx = pool.begin().await?;
+    /// fence.admit_sqlx(&mut tx, "accounts", token).await?;
+    /// sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sqlx")]
+    pub async fn admit_sqlx(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<(), CoordError> {
+        let presented = check_admission(name, token)?;
+        let (admitted, snapshot): (bool, Option<i64>) = sqlx::query_as(&self.admit)
+            .bind(name)
+            .bind(presented)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(sqlx_error)?;
+        if admitted {
+            return Ok(());
+        }
+        let highest = match higher(token, snapshot) {
+            Some(h) => h,
+            None => sqlx::query_scalar(&self.highest)
+                .bind(name)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(sqlx_error)?,
+        };
+        Err(refusal(token, highest))
+    }
+}
+
+/// The token as the table stores it, after checking the name.
+fn check_admission(name: &str, token: FencingToken) -> Result<i64, CoordError> {
+    if name.is_empty() || name.len() > MAX_FENCE_NAME {
+        return Err(CoordError::InvalidName {
+            reason: "fence names are 1 to MAX_FENCE_NAME (256) bytes",
+        });
+    }
+    i64::try_from(token.get()).map_err(|_| CoordError::InvalidName {
+        reason: "a token above i64::MAX cannot be recorded",
+    })
+}
+
+/// The highest token a refused admission's snapshot showed, if it is
+/// higher than `token`; `None` when the snapshot predates the commit that
+/// refused it (READ COMMITTED), so the row must be read again.
+fn higher(token: FencingToken, snapshot: Option<i64>) -> Option<i64> {
+    snapshot.filter(|&h| h.unsigned_abs() > token.get())
+}
+
+/// The refusal of `token` by a fence whose highest token is `highest`.
+fn refusal(token: FencingToken, highest: i64) -> CoordError {
+    CoordError::Fenced(Fenced::new(
+        token,
+        FencingToken::new(highest.unsigned_abs()),
+    ))
+}
+
+/// A sqlx failure inside the user's transaction, classified as the
+/// tokio-postgres ones are. Whatever it is, the transaction wrote nothing
+/// that will commit.
+#[cfg(feature = "sqlx")]
+fn sqlx_error(e: sqlx::Error) -> CoordError {
+    let code = match &e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    let lost = match &e {
+        sqlx::Error::Database(_) => code.as_deref().is_some_and(session_lost),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    };
+    CoordError::Store(classify(code.as_deref(), lost, false, Box::new(e)))
 }

@@ -166,27 +166,22 @@ impl std::error::Error for PgError {
 /// statement reached the server, whose outcome is unknown if the
 /// connection then broke.
 pub(super) fn pg_error(e: tokio_postgres::Error, sent: bool) -> StoreError {
-    use tokio_postgres::error::SqlState;
+    let code = e.code().map(|c| c.code().to_owned());
+    // No SQLSTATE: the connection broke.
+    let lost = e.is_closed() || code.as_deref().is_none_or(session_lost);
+    classify(code.as_deref(), lost, sent, Box::new(PgError(e)))
+}
+
+/// The store error of a failed statement, from its SQLSTATE (if the
+/// server sent one), whether its session is gone and whether it had been
+/// sent; one rule for every PostgreSQL client calm drives.
+pub(super) fn classify(code: Option<&str>, lost: bool, sent: bool, source: BoxError) -> StoreError {
     // The statement failed and its transaction rolled back, on a
     // connection that still works: nothing was written, and trying again
-    // may succeed.
-    let aborted = [
-        SqlState::T_R_SERIALIZATION_FAILURE,
-        SqlState::T_R_DEADLOCK_DETECTED,
-        SqlState::LOCK_NOT_AVAILABLE,
-        SqlState::QUERY_CANCELED,
-        SqlState::TOO_MANY_CONNECTIONS,
-        SqlState::CANNOT_CONNECT_NOW,
-    ];
-    let code = e.code().cloned();
-    // The server ended the session, or the connection broke.
-    let lost = e.is_closed()
-        || code.is_none()
-        || code
-            .as_ref()
-            .is_some_and(|c| c.code().starts_with("08") || c.code().starts_with("57P"));
-    let source: BoxError = Box::new(PgError(e));
-    if code.as_ref().is_some_and(|c| aborted.contains(c)) {
+    // may succeed (serialization failure, deadlock, lock not available,
+    // query cancelled, too many connections, starting up).
+    const ABORTED: [&str; 6] = ["40001", "40P01", "55P03", "57014", "53300", "57P03"];
+    if code.is_some_and(|c| ABORTED.contains(&c)) {
         return StoreError::Unavailable { source };
     }
     match (lost, sent) {
@@ -194,6 +189,12 @@ pub(super) fn pg_error(e: tokio_postgres::Error, sent: bool) -> StoreError {
         (true, false) => StoreError::Unavailable { source },
         (false, _) => StoreError::Backend { source },
     }
+}
+
+/// Whether a SQLSTATE says the server ended the session (connection
+/// exceptions and operator intervention: shutdown, termination).
+pub(super) fn session_lost(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("57P")
 }
 
 /// A pool failure happens before anything is sent.
