@@ -23,6 +23,7 @@
 //! | read-modify-write, conflicts rare | compare-and-set on a version, retried |
 //! | running twice is harmless if recorded | idempotency keys |
 //! | each key can have one owner | partition ownership, owner epochs as tokens |
+//! | each entity's writes can go through one place | a single writer per partition |
 //! | a lock only to avoid duplicate work (efficiency) | a lease alone is enough |
 //! | a lock for correctness (corruption, double spend) | a lock or election on a consensus store **and** a fence at the resource |
 //!
@@ -76,6 +77,9 @@
 //!   [`Election`](coord::Election), [`Lock`](coord::Lock),
 //!   [`Idempotent`](coord::Idempotent), [`Ownership`](coord::Ownership),
 //!   written once over any store.
+//! - [`partition`]: [`SerialExecutor`](partition::SerialExecutor), a
+//!   single writer per key in process: each key's work runs in submission
+//!   order, one piece at a time, different keys in parallel, no lock.
 //! - `backend` (features `postgres`, `etcd`): the store model on
 //!   PostgreSQL and etcd.
 //! - `adapt` (features `crdts`, `automerge`): [`Merge`] for the `crdts`
@@ -113,6 +117,7 @@ mod error;
 pub mod map;
 mod merge;
 pub mod occ;
+pub mod partition;
 pub mod register;
 pub mod set;
 pub mod store;

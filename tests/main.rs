@@ -15,6 +15,7 @@ mod faults;
 mod fuzz_seeds;
 mod harness;
 mod laws;
+mod partition;
 #[cfg(feature = "postgres")]
 mod pg_fence;
 mod serde_input;

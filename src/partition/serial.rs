@@ -1,0 +1,844 @@
+//! The in-process single writer: one queue and one draining task per busy
+//! key, none per idle key.
+//!
+//! # How it works
+//!
+//! A std mutex guards a map from each *busy* key to its [`Partition`]: the
+//! work accepted for it and not yet started, in submission order, and a
+//! semaphore counting the free places in that queue. The lock is held only
+//! to push, pop, insert or remove (never across user code and never
+//! across an `.await`).
+//!
+//! The first submission for an idle key inserts its partition and spawns
+//! one **drain task** for it. The drain task pops one piece of work at a
+//! time and runs it to completion before popping the next; that is the
+//! whole ordering and exclusivity argument. When it finds the queue empty
+//! it removes the partition, under the same lock a submission takes to
+//! push, so a submission either lands in a queue whose task will still
+//! pop it, or finds no partition and starts a new one.
+//!
+//! ```text
+//! submit(a, w1)  map: {}              -> insert a: [w1], spawn drain(a)
+//! submit(a, w2)  map: {a: [w1]}       -> push:     a: [w1, w2]
+//! drain(a)       pop w1, run w1       -> a: [w2]
+//! drain(a)       pop w2, run w2       -> a: []
+//! drain(a)       queue empty          -> remove a, task ends; map: {}
+//! ```
+//!
+//! Invariant: a key has a partition in the map exactly while its drain
+//! task is alive (spawned and not finished), and every piece of work in a
+//! partition's queue will be run or, if the runtime cancels the task,
+//! dropped with its [`Completion`] resolving to
+//! [`SerialError::Abandoned`].
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::completion::{CatchUnwind, Outcome};
+use super::{Completion, Rejected, SerialError};
+
+/// A piece of accepted work, ready to run: it runs the user's work, catches
+/// its panic, and sends the outcome to the [`Completion`].
+type Job = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// How many pieces of work a drain task runs back to back before it
+/// yields to the runtime. Synchronous work never returns `Pending`, so
+/// without this a busy key would hold its worker thread (and, on a
+/// current-thread runtime, every other key) for as long as its queue
+/// stays non-empty. 32 keeps the yield's cost small per piece of work
+/// while bounding how long other tasks wait.
+const RUNS_PER_YIELD: u32 = 32;
+
+/// Settings of a [`SerialExecutor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "options do nothing until passed to SerialExecutor::with_options"]
+pub struct SerialOptions {
+    /// How many pieces of work may wait for one key, not yet started
+    /// (default 1,024); the piece that is running no longer counts. A
+    /// submission beyond it waits for room (`submit*`) or is refused with
+    /// [`SerialError::Full`] (`try_submit*`). Memory is bounded per busy
+    /// key; across keys it is `busy keys × (capacity + 1)` pieces of work,
+    /// so the caller bounds how many distinct keys it keeps busy.
+    pub queue_capacity: usize,
+}
+
+impl Default for SerialOptions {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 1024,
+        }
+    }
+}
+
+impl SerialOptions {
+    /// Sets [`queue_capacity`](Self::queue_capacity).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `capacity` is 0 (no work could ever wait, and a key with
+    /// work running could accept nothing), or larger than
+    /// [`Semaphore::MAX_PERMITS`].
+    #[track_caller]
+    pub fn with_queue_capacity(mut self, capacity: usize) -> Self {
+        if capacity == 0 || capacity > Semaphore::MAX_PERMITS {
+            bad_capacity(capacity);
+        }
+        self.queue_capacity = capacity;
+        self
+    }
+}
+
+#[cold]
+#[track_caller]
+fn bad_capacity(capacity: usize) -> ! {
+    panic!(
+        "queue capacity must be between 1 and {}, got {capacity}",
+        Semaphore::MAX_PERMITS
+    )
+}
+
+/// Runs the work for each key one piece at a time, in submission order,
+/// and the work for different keys concurrently: a single writer per key,
+/// in process.
+///
+/// Route every write for an entity (an account, a document, a session)
+/// through `submit(entity_id, work)`, and the work for one entity never
+/// overlaps and runs in the order it was submitted, so it can
+/// read-modify-write the entity's state with no lock of its own. Keys
+/// that have nothing queued cost nothing: no task, no map entry.
+///
+/// The contract:
+///
+/// - **Order**: work for one key runs in the order its submissions were
+///   *accepted* (a `submit*` that returned before another began is
+///   earlier). Work for different keys has no order.
+/// - **Exclusivity**: a piece of work starts only after the previous one
+///   for its key has finished (returned, or panicked). Async work may
+///   await anything; the key waits for it.
+/// - **Concurrency**: each busy key is drained by its own task on the
+///   Tokio runtime of the call that made it busy, so different keys run in
+///   parallel on a multi-thread runtime.
+/// - **Back-pressure**: at most
+///   [`queue_capacity`](SerialOptions::queue_capacity) pieces of work wait
+///   per key; [`submit`](Self::submit) then waits for room and
+///   [`try_submit`](Self::try_submit) refuses with
+///   [`SerialError::Full`], handing the work back.
+/// - **Panics**: a panic in one piece of work resolves its [`Completion`]
+///   to [`SerialError::Panicked`]; the key goes on with the next piece.
+/// - **Shutdown**: [`shutdown`](Self::shutdown) refuses new work with
+///   [`SerialError::Closed`] and returns once every accepted piece has
+///   run. Accepted work is never dropped, except by the runtime shutting
+///   down under it ([`SerialError::Abandoned`]).
+///
+/// What callers must never do: await, from inside a key's work, the
+/// [`Completion`] of later work for the **same** key (or `submit` to it
+/// while its queue is full). The later work cannot start until the
+/// current one ends, so that is a deadlock, as with any single consumer.
+/// Submitting to *other* keys from inside work is fine.
+///
+/// Synchronous work ([`submit_fn`](Self::submit_fn)) runs on a runtime
+/// worker thread, so it should be short; put blocking calls in
+/// [`tokio::task::spawn_blocking`] inside async work instead.
+///
+/// Cloning is cheap and shares the executor. Dropping every clone does
+/// not cancel accepted work: it still runs.
+///
+/// # Examples
+///
+/// Deposits to one account never race, without a lock:
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex};
+/// use calm::partition::SerialExecutor;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), calm::partition::SerialError> {
+/// // Only the executor's routing keeps two writes to one account apart;
+/// // the map's mutex is held just for the insert.
+/// let balances = Arc::new(Mutex::new(HashMap::<&str, i64>::new()));
+/// let writer = SerialExecutor::new();
+///
+/// let mut done = Vec::new();
+/// for (account, amount) in [("alice", 5), ("bob", 7), ("alice", -2)] {
+///     let balances = balances.clone();
+///     done.push(writer.submit(account, async move {
+///         let before = balances.lock().unwrap().get(account).copied().unwrap_or(0);
+///         tokio::task::yield_now().await; // I/O here would not break it
+///         balances.lock().unwrap().insert(account, before + amount);
+///         before + amount
+///     }).await?);
+/// }
+/// let mut after = Vec::new();
+/// for d in done {
+///     after.push(d.await?);
+/// }
+/// assert_eq!(after, [5, 7, 3]);
+///
+/// writer.shutdown().await;
+/// assert_eq!(writer.active_keys(), 0);
+/// # Ok(())
+/// # }
+/// ```
+pub struct SerialExecutor<K> {
+    /// The state every clone and every drain task shares.
+    shared: Arc<Shared<K>>,
+}
+
+/// What the executor's clones and drain tasks share.
+struct Shared<K> {
+    /// The busy keys and whether the executor is closed.
+    state: Mutex<State<K>>,
+    /// Woken (all waiters) whenever the map becomes empty, for
+    /// [`SerialExecutor::idle`] and [`SerialExecutor::shutdown`].
+    emptied: Notify,
+    /// The per-key queue capacity, at least 1.
+    capacity: usize,
+}
+
+/// The bookkeeping behind the lock.
+struct State<K> {
+    /// One partition per busy key. A key is here exactly while its drain
+    /// task is alive.
+    partitions: HashMap<K, Partition>,
+    /// Set once by `close`; no partition is created or pushed to after.
+    closed: bool,
+}
+
+/// One busy key: the work waiting for it and the room left.
+struct Partition {
+    /// Accepted work not yet started, oldest first. The drain task pops
+    /// the front; submissions push the back.
+    queue: VecDeque<Job>,
+    /// `capacity - queue.len()` permits, each a free place in `queue`,
+    /// minus the permits granted to waiting submitters not yet pushed.
+    /// A push consumes (forgets) one; a pop adds one back. Closed when the
+    /// executor closes or the partition is torn down, which wakes waiting
+    /// submitters to look again.
+    room: Arc<Semaphore>,
+}
+
+/// Why a submission was not pushed.
+enum Refusal<W> {
+    /// The key's queue is full; wait for a permit from `room` and retry.
+    Full(W, Arc<Semaphore>),
+    /// Refused for good: closed, or no runtime.
+    Refused(SerialError, W),
+}
+
+/// A permit to push one piece of work, granted by a partition's `room`.
+struct Held {
+    /// The semaphore it came from, to check it is still the key's.
+    room: Arc<Semaphore>,
+    /// The place.
+    permit: OwnedSemaphorePermit,
+}
+
+/// Work that can be turned into a [`Job`] once accepted, or handed back.
+trait Work: Send + 'static {
+    /// The user's own future or closure.
+    type Inner;
+    fn into_job(self) -> Job;
+    fn into_inner(self) -> Self::Inner;
+}
+
+/// An async piece of work and where its outcome goes.
+struct AsyncWork<F: Future> {
+    work: F,
+    tx: oneshot::Sender<Outcome<F::Output>>,
+}
+
+impl<F> Work for AsyncWork<F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Inner = F;
+
+    fn into_job(self) -> Job {
+        let AsyncWork { work, tx } = self;
+        Box::pin(async move {
+            let work = std::pin::pin!(work);
+            let outcome = CatchUnwind(work)
+                .await
+                .map_err(|payload| SerialError::panicked(payload.as_ref()));
+            // The caller may have dropped its Completion: then the output
+            // is dropped here, which is what dropping it means.
+            let _ = tx.send(outcome);
+        })
+    }
+
+    fn into_inner(self) -> F {
+        self.work
+    }
+}
+
+/// A synchronous piece of work and where its outcome goes.
+struct FnWork<G, T> {
+    work: G,
+    tx: oneshot::Sender<Outcome<T>>,
+}
+
+impl<G, T> Work for FnWork<G, T>
+where
+    G: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    type Inner = G;
+
+    fn into_job(self) -> Job {
+        let FnWork { work, tx } = self;
+        Box::pin(async move {
+            // AssertUnwindSafe: the closure is consumed by the call, so
+            // nothing of it can be observed after a panic.
+            let outcome = catch_unwind(AssertUnwindSafe(work))
+                .map_err(|payload| SerialError::panicked(payload.as_ref()));
+            let _ = tx.send(outcome);
+        })
+    }
+
+    fn into_inner(self) -> G {
+        self.work
+    }
+}
+
+impl<K> SerialExecutor<K>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+{
+    /// An executor with default options (1,024 pieces of work may wait
+    /// per key).
+    pub fn new() -> Self {
+        Self::with_options(SerialOptions::default())
+    }
+
+    /// An executor with these options.
+    pub fn with_options(options: SerialOptions) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    partitions: HashMap::new(),
+                    closed: false,
+                }),
+                emptied: Notify::new(),
+                // `with_queue_capacity` refuses 0; a struct literal cannot
+                // be built outside the crate (`non_exhaustive`).
+                capacity: options.queue_capacity.max(1),
+            }),
+        }
+    }
+
+    /// Submits async work for `key`, waiting for room in the key's queue
+    /// if it is full; returns once the work is accepted.
+    ///
+    /// The work runs after every piece accepted before it for `key` has
+    /// finished, and before any accepted after it. Await the returned
+    /// [`Completion`] for its output, or drop it: the work runs either
+    /// way.
+    ///
+    /// # Errors
+    ///
+    /// The work is handed back, never run, inside [`Rejected`] with
+    /// [`SerialError::Closed`] if the executor is (or becomes, while this
+    /// waits for room) closed, or [`SerialError::NoRuntime`] if `key` was
+    /// idle and no Tokio runtime is running on this thread.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the work is accepted in the same step that completes
+    /// this future, so if the future is dropped before it returns, nothing
+    /// was queued and the work is dropped unrun. What is lost is only its
+    /// place among the submitters waiting for room (they are served
+    /// first come, first served).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let writer = SerialExecutor::new();
+    /// let first = writer.submit(1_u64, async { "first" }).await?;
+    /// let second = writer.submit(1_u64, async { "second" }).await?;
+    /// assert_eq!((first.await?, second.await?), ("first", "second"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn submit<F>(&self, key: K, work: F) -> Result<Completion<F::Output>, Rejected<F>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        match self.push_waiting(key, AsyncWork { work, tx }).await {
+            Ok(()) => Ok(Completion::new(rx)),
+            Err((error, work)) => Err(Rejected::new(error, work.into_inner())),
+        }
+    }
+
+    /// Submits async work for `key` if its queue has room, without
+    /// waiting.
+    ///
+    /// The same as [`submit`](Self::submit) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// The work is handed back, never run, inside [`Rejected`] with
+    /// [`SerialError::Full`] if [`queue_capacity`](SerialOptions::queue_capacity)
+    /// pieces of work already wait for `key`, [`SerialError::Closed`] if
+    /// the executor is closed, or [`SerialError::NoRuntime`] if `key` was
+    /// idle and no Tokio runtime is running on this thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::partition::{SerialExecutor, SerialOptions};
+    /// use tokio::sync::oneshot;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let writer = SerialExecutor::with_options(SerialOptions::default().with_queue_capacity(1));
+    /// let (open, gate) = oneshot::channel::<()>();
+    /// let running = writer.try_submit("k", async move { gate.await.ok(); })?;
+    /// tokio::task::yield_now().await; // it starts (leaving the queue) and blocks
+    /// let waiting = writer.try_submit("k", async { 2 })?; // the one place
+    ///
+    /// let refused = writer.try_submit("k", async { 3 }).unwrap_err();
+    /// assert!(refused.error().is_full());
+    /// let work = refused.into_work(); // handed back, never run
+    ///
+    /// open.send(()).ok();
+    /// running.await?;
+    /// assert_eq!(waiting.await?, 2);
+    /// assert_eq!(work.await, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_submit<F>(&self, key: K, work: F) -> Result<Completion<F::Output>, Rejected<F>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        match self.push(&key, AsyncWork { work, tx }, None) {
+            Ok(()) => Ok(Completion::new(rx)),
+            Err(Refusal::Full(work, _)) => Err(Rejected::new(
+                SerialError::Full {
+                    capacity: self.shared.capacity,
+                },
+                work.into_inner(),
+            )),
+            Err(Refusal::Refused(error, work)) => Err(Rejected::new(error, work.into_inner())),
+        }
+    }
+
+    /// Submits a synchronous closure for `key`, waiting for room in the
+    /// key's queue if it is full; returns once the closure is accepted.
+    ///
+    /// The closure runs on a runtime worker thread, in `key`'s order, as
+    /// with [`submit`](Self::submit); it should be short and must not
+    /// block.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Self::submit): [`SerialError::Closed`] or
+    /// [`SerialError::NoRuntime`], with the closure handed back unrun.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`submit`](Self::submit): if dropped before it
+    /// returns, the closure was not queued and is dropped uncalled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let writer = SerialExecutor::new();
+    /// let hits = Arc::new(AtomicU64::new(0));
+    /// let h = hits.clone();
+    /// let done = writer.submit_fn("page", move || h.fetch_add(1, Ordering::Relaxed) + 1).await?;
+    /// assert_eq!(done.await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn submit_fn<G, T>(&self, key: K, work: G) -> Result<Completion<T>, Rejected<G>>
+    where
+        G: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        match self.push_waiting(key, FnWork { work, tx }).await {
+            Ok(()) => Ok(Completion::new(rx)),
+            Err((error, work)) => Err(Rejected::new(error, work.into_inner())),
+        }
+    }
+
+    /// Submits a synchronous closure for `key` if its queue has room,
+    /// without waiting.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_submit`](Self::try_submit): [`SerialError::Full`],
+    /// [`SerialError::Closed`] or [`SerialError::NoRuntime`], with the
+    /// closure handed back uncalled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::partition::{SerialError, SerialExecutor};
+    ///
+    /// // Outside a runtime nothing can drain a new key: refused, not lost.
+    /// let writer = SerialExecutor::new();
+    /// let refused = writer.try_submit_fn("k", || 1).unwrap_err();
+    /// assert_eq!(refused.error(), &SerialError::NoRuntime);
+    /// assert_eq!((refused.into_work())(), 1);
+    /// ```
+    pub fn try_submit_fn<G, T>(&self, key: K, work: G) -> Result<Completion<T>, Rejected<G>>
+    where
+        G: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        match self.push(&key, FnWork { work, tx }, None) {
+            Ok(()) => Ok(Completion::new(rx)),
+            Err(Refusal::Full(work, _)) => Err(Rejected::new(
+                SerialError::Full {
+                    capacity: self.shared.capacity,
+                },
+                work.into_inner(),
+            )),
+            Err(Refusal::Refused(error, work)) => Err(Rejected::new(error, work.into_inner())),
+        }
+    }
+
+    /// Stops accepting work: every later submission, and every one waiting
+    /// for room, is refused with [`SerialError::Closed`]. Work already
+    /// accepted still runs. Idempotent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let writer = SerialExecutor::new();
+    /// let accepted = writer.submit("k", async { 1 }).await.unwrap();
+    /// writer.close();
+    /// assert!(writer.submit("k", async { 2 }).await.unwrap_err().error().is_closed());
+    /// assert_eq!(accepted.await, Ok(1)); // accepted work still ran
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        let mut state = self.shared.lock();
+        state.closed = true;
+        for partition in state.partitions.values() {
+            // Wakes submitters waiting for room; they look again and see
+            // `closed`.
+            partition.room.close();
+        }
+    }
+
+    /// Closes the executor and waits until every accepted piece of work
+    /// has run.
+    ///
+    /// After it returns, [`active_keys`](Self::active_keys) is 0 and every
+    /// [`Completion`] handed out has its outcome. Work that submits to
+    /// this executor while it drains is refused ([`SerialError::Closed`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. The executor is closed on the first poll; dropping the
+    /// future after that only stops the waiting: the accepted work goes on
+    /// running in the background, and the executor stays closed. Dropped
+    /// before its first poll, it did nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let writer = SerialExecutor::new();
+    /// let ran = Arc::new(AtomicU64::new(0));
+    /// for key in 0..10_u32 {
+    ///     let ran = ran.clone();
+    ///     // The Completions are dropped: the work runs anyway.
+    ///     drop(writer.submit(key % 3, async move { ran.fetch_add(1, Ordering::Relaxed); }).await?);
+    /// }
+    /// writer.shutdown().await;
+    /// assert_eq!(ran.load(Ordering::Relaxed), 10);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        self.close();
+        self.idle().await;
+    }
+
+    /// Waits until no key has work queued or running.
+    ///
+    /// While submissions keep arriving this may never return; close the
+    /// executor first ([`shutdown`](Self::shutdown)) for a wait that ends.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes; dropping it changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let writer = SerialExecutor::new();
+    /// for key in 0..100_u32 {
+    ///     drop(writer.submit_fn(key, move || key * 2).await?);
+    /// }
+    /// assert_eq!(writer.active_keys(), 100);
+    /// writer.idle().await;
+    /// assert_eq!(writer.active_keys(), 0); // drained keys leave nothing behind
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn idle(&self) {
+        loop {
+            let emptied = self.shared.emptied.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            // Registered before the check, so an emptying between the
+            // check and the await still wakes this waiter.
+            emptied.as_mut().enable();
+            if self.shared.lock().partitions.is_empty() {
+                return;
+            }
+            emptied.await;
+        }
+    }
+
+    /// The number of keys with work queued or running (each has one drain
+    /// task and one map entry; idle keys have neither).
+    pub fn active_keys(&self) -> usize {
+        self.shared.lock().partitions.len()
+    }
+
+    /// Whether [`close`](Self::close) or [`shutdown`](Self::shutdown) was
+    /// called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().closed
+    }
+
+    /// The per-key queue capacity.
+    pub fn queue_capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// Pushes `work`, waiting for a place while the key's queue is full.
+    async fn push_waiting<W: Work>(&self, key: K, mut work: W) -> Result<(), (SerialError, W)> {
+        let mut held = None;
+        loop {
+            match self.push(&key, work, held.take()) {
+                Ok(()) => return Ok(()),
+                Err(Refusal::Refused(error, back)) => return Err((error, back)),
+                Err(Refusal::Full(back, room)) => {
+                    work = back;
+                    // A closed semaphore (executor closed, or partition torn
+                    // down) ends the wait; the next `push` says which.
+                    if let Ok(permit) = room.clone().acquire_owned().await {
+                        held = Some(Held { room, permit });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pushes `work` to `key`'s queue if there is a place (or `held` is a
+    /// place in the key's current queue), starting a drain task if the key
+    /// was idle.
+    fn push<W: Work>(&self, key: &K, work: W, held: Option<Held>) -> Result<(), Refusal<W>> {
+        let mut state = self.shared.lock();
+        if state.closed {
+            return Err(Refusal::Refused(SerialError::Closed, work));
+        }
+        let spawn = match state.partitions.entry(key.clone()) {
+            Entry::Occupied(mut busy) => {
+                let partition = busy.get_mut();
+                let place = match held {
+                    // A permit from a partition since torn down is stale:
+                    // dropping it returns it to that dead semaphore.
+                    Some(held) if Arc::ptr_eq(&held.room, &partition.room) => Some(held.permit),
+                    _ => partition.room.clone().try_acquire_owned().ok(),
+                };
+                let Some(place) = place else {
+                    return Err(Refusal::Full(work, partition.room.clone()));
+                };
+                // The place now belongs to the queued job; the drain task
+                // adds it back when it pops the job.
+                place.forget();
+                partition.queue.push_back(work.into_job());
+                None
+            }
+            Entry::Vacant(idle) => {
+                let Ok(runtime) = Handle::try_current() else {
+                    return Err(Refusal::Refused(SerialError::NoRuntime, work));
+                };
+                // The first job takes one of `capacity` places.
+                let room = Arc::new(Semaphore::new(self.shared.capacity - 1));
+                let mut queue = VecDeque::new();
+                queue.push_back(work.into_job());
+                let drain = Drain {
+                    shared: self.shared.clone(),
+                    key: idle.key().clone(),
+                    armed: true,
+                };
+                idle.insert(Partition { queue, room });
+                Some((runtime, drain))
+            }
+        };
+        drop(state);
+        if let Some((runtime, drain)) = spawn {
+            // Spawned after the lock is released. If the runtime is shutting
+            // down it drops the future unpolled, and `Drain`'s drop tears
+            // the partition down.
+            runtime.spawn(drain.run());
+        }
+        Ok(())
+    }
+}
+
+impl<K> Shared<K> {
+    fn lock(&self) -> MutexGuard<'_, State<K>> {
+        // No user code runs under this lock except the key's `Hash` and
+        // `Eq`; if one of those panicked, the map is still consistent
+        // (HashMap operations are panic safe), so poisoning is ignored.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The drain task of one busy key; tears the partition down if the task
+/// is dropped before it finishes (runtime shutdown).
+struct Drain<K: Eq + Hash> {
+    /// The executor's state.
+    shared: Arc<Shared<K>>,
+    /// The key it drains; its partition exists while `armed`.
+    key: K,
+    /// Whether the partition still has to be removed by `drop`.
+    armed: bool,
+}
+
+impl<K: Eq + Hash> Drain<K> {
+    /// Runs the key's work one piece at a time until its queue is empty,
+    /// then removes its partition.
+    async fn run(mut self) {
+        let mut since_yield = 0;
+        while let Some(job) = self.next_job() {
+            // Panics in the work are caught inside the job and reported to
+            // its Completion; this outer guard only catches one from
+            // dropping the work's state after it finished, which must not
+            // take the rest of the key's queue down with it.
+            let _ = CatchUnwind(job).await;
+            since_yield += 1;
+            if since_yield == RUNS_PER_YIELD {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// Pops the key's next job, or, if its queue is empty, removes its
+    /// partition and disarms.
+    fn next_job(&mut self) -> Option<Job> {
+        let mut state = self.shared.lock();
+        let next = state.partitions.get_mut(&self.key).and_then(|partition| {
+            let job = partition.queue.pop_front()?;
+            partition.room.add_permits(1);
+            Some(job)
+        });
+        if next.is_some() {
+            return next;
+        }
+        // Empty: leave, atomically with the check, so a submission either
+        // saw this partition (and its job was popped above) or sees none
+        // and starts a new drain task.
+        let removed = state.partitions.remove(&self.key);
+        let emptied = state.partitions.is_empty();
+        drop(state);
+        self.armed = false;
+        drop(removed);
+        if emptied {
+            self.shared.emptied.notify_waiters();
+        }
+        None
+    }
+}
+
+impl<K: Eq + Hash> Drop for Drain<K> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The task was cancelled (its runtime shut down) with work left:
+        // remove the partition so later submissions start afresh, and drop
+        // its jobs (outside the lock: dropping runs the work's destructors)
+        // so their Completions resolve to `Abandoned`.
+        let mut state = self.shared.lock();
+        let removed = state.partitions.remove(&self.key);
+        let emptied = state.partitions.is_empty();
+        drop(state);
+        if let Some(partition) = removed {
+            // Wakes submitters waiting for room in it; they retry.
+            partition.room.close();
+            drop(partition);
+        }
+        if emptied {
+            self.shared.emptied.notify_waiters();
+        }
+    }
+}
+
+impl<K> Clone for SerialExecutor<K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K> Default for SerialExecutor<K>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> fmt::Debug for SerialExecutor<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("SerialExecutor")
+            .field("active_keys", &state.partitions.len())
+            .field("closed", &state.closed)
+            .field("queue_capacity", &self.shared.capacity)
+            .finish()
+    }
+}
