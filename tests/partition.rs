@@ -773,3 +773,19 @@ fn no_runtime_refuses_and_hands_back() {
 fn zero_capacity_panics() {
     let _ = SerialOptions::default().with_queue_capacity(0);
 }
+
+/// The executor, its handles and its errors cross threads; the error is
+/// `'static` (boxable as `dyn Error + Send + Sync`).
+#[test]
+fn types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<SerialExecutor<String>>();
+    send_sync::<Completion<Vec<u8>>>();
+    send_sync::<SerialError>();
+    send_sync::<calm::partition::Rejected<fn() -> u8>>();
+    let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(SerialError::Closed);
+    assert_eq!(
+        boxed.to_string(),
+        "the executor is closed and accepts no more work"
+    );
+}

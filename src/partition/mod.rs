@@ -41,34 +41,35 @@
 //!
 //! # Examples
 //!
-//! Many tasks move money concurrently; each account's balance is a plain
-//! `i64` owned by its partition's work, and it never goes wrong:
+//! Four tellers deposit into ten accounts at once. Each deposit reads the
+//! balance, awaits something, and writes the balance back: on its own, a
+//! textbook lost update. Routed through the account's partition, no
+//! deposit is lost, and there is no lock anywhere:
 //!
 //! ```
-//! use std::collections::HashMap;
-//! use std::sync::{Arc, Mutex};
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 //! use calm::partition::{SerialError, SerialExecutor, SerialOptions};
 //!
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> Result<(), SerialError> {
-//! let ledger = Arc::new(Mutex::new(HashMap::<u32, i64>::new()));
+//! let balances: Arc<Vec<AtomicI64>> = Arc::new((0..10).map(|_| AtomicI64::new(0)).collect());
 //! let writer = SerialExecutor::with_options(SerialOptions::default().with_queue_capacity(64));
 //!
 //! let mut tellers = Vec::new();
 //! for teller in 0..4 {
-//!     let (writer, ledger) = (writer.clone(), ledger.clone());
+//!     let (writer, balances) = (writer.clone(), balances.clone());
 //!     tellers.push(tokio::spawn(async move {
-//!         for i in 0..100_u32 {
-//!             let ledger = ledger.clone();
+//!         for i in 0..100 {
+//!             let balances = balances.clone();
 //!             let account = (teller * 100 + i) % 10;
-//!             // Read, await something, write back: safe, because only
-//!             // this account's partition ever writes this account.
-//!             let done = writer.submit(account, async move {
-//!                 let balance = ledger.lock().unwrap().get(&account).copied().unwrap_or(0);
-//!                 tokio::task::yield_now().await;
-//!                 ledger.lock().unwrap().insert(account, balance + 1);
-//!             }).await?;
-//!             drop(done); // the deposit runs whether or not we wait for it
+//!             let deposit = async move {
+//!                 let balance = balances[account].load(Relaxed);
+//!                 tokio::task::yield_now().await; // I/O, say
+//!                 balances[account].store(balance + 1, Relaxed);
+//!             };
+//!             // The deposit runs whether or not its Completion is awaited.
+//!             drop(writer.submit(account, deposit).await?);
 //!         }
 //!         Ok::<(), SerialError>(())
 //!     }));
@@ -78,10 +79,8 @@
 //! }
 //! writer.shutdown().await; // every accepted deposit has run
 //!
-//! let ledger = ledger.lock().unwrap();
-//! assert_eq!(ledger.values().sum::<i64>(), 400); // no lost update
-//! assert!(ledger.values().all(|&b| b == 40));
-//! assert_eq!(writer.active_keys(), 0);
+//! assert!(balances.iter().all(|b| b.load(Relaxed) == 40)); // none lost
+//! assert_eq!(writer.active_keys(), 0); // and nothing left behind
 //! # Ok(())
 //! # }
 //! ```

@@ -155,27 +155,26 @@ fn bad_capacity(capacity: usize) -> ! {
 ///
 /// # Examples
 ///
-/// Deposits to one account never race, without a lock:
+/// Read, await, write back, per account, without a lock: two writes to
+/// one account never interleave, and they apply in submission order.
 ///
 /// ```
-/// use std::collections::HashMap;
-/// use std::sync::{Arc, Mutex};
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 /// use calm::partition::SerialExecutor;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), calm::partition::SerialError> {
-/// // Only the executor's routing keeps two writes to one account apart;
-/// // the map's mutex is held just for the insert.
-/// let balances = Arc::new(Mutex::new(HashMap::<&str, i64>::new()));
+/// let balances = Arc::new([AtomicI64::new(0), AtomicI64::new(0)]);
 /// let writer = SerialExecutor::new();
 ///
 /// let mut done = Vec::new();
-/// for (account, amount) in [("alice", 5), ("bob", 7), ("alice", -2)] {
+/// for (account, amount) in [(0, 5), (1, 7), (0, -2)] {
 ///     let balances = balances.clone();
 ///     done.push(writer.submit(account, async move {
-///         let before = balances.lock().unwrap().get(account).copied().unwrap_or(0);
+///         let before = balances[account].load(Relaxed);
 ///         tokio::task::yield_now().await; // I/O here would not break it
-///         balances.lock().unwrap().insert(account, before + amount);
+///         balances[account].store(before + amount, Relaxed);
 ///         before + amount
 ///     }).await?);
 /// }
@@ -248,7 +247,9 @@ struct Held {
 trait Work: Send + 'static {
     /// The user's own future or closure.
     type Inner;
+    /// The job to queue, once accepted.
     fn into_job(self) -> Job;
+    /// The user's work, to hand back when refused.
     fn into_inner(self) -> Self::Inner;
 }
 
@@ -331,9 +332,9 @@ where
                     closed: false,
                 }),
                 emptied: Notify::new(),
-                // `with_queue_capacity` refuses 0; a struct literal cannot
-                // be built outside the crate (`non_exhaustive`).
-                capacity: options.queue_capacity.max(1),
+                // `with_queue_capacity` refuses these, but the field is
+                // public: clamp rather than panic here.
+                capacity: options.queue_capacity.clamp(1, Semaphore::MAX_PERMITS),
             }),
         }
     }
