@@ -2,6 +2,7 @@
 //!
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
 //! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
+//! `fence` (only the backend suite's fenced-transaction rows),
 //! `text` (the filter picks traces whose name contains it); `report` runs
 //! them all and writes `BENCHMARKS.md`.
 
@@ -28,11 +29,12 @@ fn main() {
         "coord" => coord::run(),
         "adapt" => adapt::run(),
         "backend" => backend::run(),
+        "fence" => backend::run_fence(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(),
         other => {
             eprintln!(
-                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, text; or report"
+                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, text; or report"
             );
             std::process::exit(2);
         }

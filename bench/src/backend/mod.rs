@@ -46,6 +46,12 @@
 //! none of that, and its table keeps no history. On etcd the models are the
 //! same, so the ratio is calm's own overhead.
 //!
+//! - **Fencing in the user's own tables.** `BEGIN; PgFence::admit;
+//!   UPDATE; COMMIT` against the same transaction without the admission,
+//!   1, 4 and 16 writers on their own connections and account rows, with
+//!   fence names of their own and with one shared name (every writer then
+//!   queues on the fence row, as writers of one resource do).
+//!
 //! The servers are started like the tests start them (`calm::testing::
 //! servers`); when a binary is missing the suite says so and skips it.
 
@@ -53,11 +59,12 @@ use std::future::Future;
 use std::time::Instant;
 
 mod etcd;
+mod fence;
 mod load;
 mod postgres;
 mod suite;
 
-pub use suite::{ScalePoint, note, run, run_with_scaling, scaling_table};
+pub use suite::{ScalePoint, note, run, run_fence, run_with_scaling, scaling_table};
 
 /// An operation of a closed-loop round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

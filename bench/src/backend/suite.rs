@@ -14,7 +14,7 @@ use super::load::{
     CalmProbe, CalmWorker, MAX_TASKS, Summary, TASKS, WATCH_SAMPLES, interleaved, preload,
     watch_latency,
 };
-use super::{Op, Probe, Worker, etcd, postgres};
+use super::{Op, Probe, Worker, etcd, fence, postgres};
 use crate::harness::{Figure, Row, time_row};
 
 /// One point of the scaling plot: median throughputs of one operation at
@@ -80,15 +80,32 @@ pub fn run() -> Vec<Row> {
     rows
 }
 
-/// Runs every comparison on the servers that can be started; returns the
-/// rows and the scaling points.
-pub fn run_with_scaling() -> (Vec<Row>, Vec<ScalePoint>) {
-    // Two workers: the machine's two cores, which the servers share.
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// The runtime every comparison runs on: two workers, the machine's two
+/// cores, which the servers share.
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("a Tokio runtime");
+        .expect("a Tokio runtime")
+}
+
+/// Only the fenced-transaction rows (they are also part of [`run`]).
+pub fn run_fence() -> Vec<Row> {
+    let rt = runtime();
+    match PostgresServer::start() {
+        Ok(server) => fence::rows(&rt, server.url()),
+        Err(e) => {
+            eprintln!("backend: SKIPPED PostgreSQL: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Runs every comparison on the servers that can be started; returns the
+/// rows and the scaling points.
+pub fn run_with_scaling() -> (Vec<Row>, Vec<ScalePoint>) {
+    let rt = runtime();
     let mut out = (Vec::new(), Vec::new());
     match PostgresServer::start() {
         Ok(server) => on_postgres(&rt, &server, &mut out),
@@ -162,6 +179,7 @@ fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<S
     let mut calm = CalmProbe::start(rt, &store);
     let mut raw = postgres::RawProbe::start(rt, server.url());
     watch(rt, &labels, &mut calm, &mut raw, &mut out.0);
+    out.0.extend(fence::rows(rt, server.url()));
 }
 
 fn on_etcd(rt: &Runtime, server: &EtcdServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
@@ -185,14 +203,33 @@ fn on_etcd(rt: &Runtime, server: &EtcdServer, out: &mut (Vec<Row>, Vec<ScalePoin
 
 /// A throughput row: wall time per counted operation of each side.
 fn throughput_row(labels: &Labels, metric: String, a: Summary, b: Summary, latency: bool) -> Row {
+    let mut row = throughput_row_of(labels.workload, metric, labels.peer, a, b);
+    if !latency {
+        for f in [&mut row.ours, &mut row.theirs] {
+            if let Figure::Throughput { latency, .. } = f {
+                *latency = None;
+            }
+        }
+    }
+    row
+}
+
+/// A throughput row with the latency p50 and p99 of each side.
+pub(crate) fn throughput_row_of(
+    workload: &str,
+    metric: String,
+    peer: &str,
+    a: Summary,
+    b: Summary,
+) -> Row {
     let figure = |s: Summary| Figure::Throughput {
         per_op: 1.0 / s.rate,
-        latency: latency.then_some((s.p50, s.p99)),
+        latency: Some((s.p50, s.p99)),
     };
     Row {
-        workload: labels.workload.into(),
+        workload: workload.into(),
         metric,
-        peer: labels.peer.into(),
+        peer: peer.into(),
         ours: figure(a),
         theirs: figure(b),
     }

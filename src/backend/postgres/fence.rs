@@ -60,15 +60,24 @@ pub const MAX_FENCE_NAME: usize = 256;
 ///
 /// # Schema
 ///
-/// One table, created by [`migrate`](PgFence::migrate) or by your own
-/// migration tool with the SQL of [`migration`](PgFence::migration):
+/// One table and one function, created by [`migrate`](PgFence::migrate)
+/// or by your own migration tool with the SQL of
+/// [`migration`](PgFence::migration) (idempotent):
 ///
 /// ```sql
 /// CREATE SCHEMA IF NOT EXISTS calm;
 /// CREATE TABLE IF NOT EXISTS calm.fences (
 ///     name text PRIMARY KEY,
 ///     token bigint NOT NULL CHECK (token >= 0));
+/// -- fence_admit(n, t): one upsert that raises fence n to t unless a
+/// -- higher token is recorded (ON CONFLICT ... WHERE f.token <= t), then
+/// -- returns the fence's token.
+/// CREATE OR REPLACE FUNCTION calm.fence_admit(n text, t bigint) RETURNS bigint ...
 /// ```
+///
+/// The function keeps the admission to one round trip with a plan the
+/// server caches per session (a bare upsert sent unprepared is planned on
+/// every call).
 ///
 /// # Examples
 ///
@@ -91,11 +100,9 @@ pub const MAX_FENCE_NAME: usize = 256;
 pub struct PgFence {
     /// [`migration`](PgFence::migration)'s SQL.
     migration: String,
-    /// The admission: raises the row's token to `$2` unless it is higher,
-    /// and returns whether it did with the highest token its snapshot saw.
+    /// The admission: a call of the `fence_admit` function the migration
+    /// installs, which returns the fence's token after it.
     admit: String,
-    /// The row's token as now committed (the row is locked by then).
-    highest: String,
 }
 
 impl PgFence {
@@ -109,24 +116,29 @@ impl PgFence {
         let s = schema;
         Ok(Self {
             migration: format!(
-                "CREATE SCHEMA IF NOT EXISTS {s};\n\
+                "SELECT pg_advisory_xact_lock(hashtext('calm_fence_migrate'));\n\
+                 CREATE SCHEMA IF NOT EXISTS {s};\n\
                  CREATE TABLE IF NOT EXISTS {s}.fences (\n    \
                      name text PRIMARY KEY,\n    \
-                     token bigint NOT NULL CHECK (token >= 0));\n"
+                     token bigint NOT NULL CHECK (token >= 0));\n\
+                 -- Raises fence n to token t unless a higher one is recorded;\n\
+                 -- returns the fence's token after it (t when admitted).\n\
+                 CREATE OR REPLACE FUNCTION {s}.fence_admit(n text, t bigint)\n\
+                 RETURNS bigint LANGUAGE plpgsql AS $$\n\
+                 DECLARE\n    \
+                     highest bigint;\n\
+                 BEGIN\n    \
+                     INSERT INTO {s}.fences AS f (name, token) VALUES (n, t)\n    \
+                     ON CONFLICT (name) DO UPDATE SET token = excluded.token\n    \
+                     WHERE f.token <= excluded.token\n    \
+                     RETURNING f.token INTO highest;\n    \
+                     IF highest IS NULL THEN\n        \
+                         SELECT f.token INTO highest FROM {s}.fences f WHERE f.name = n;\n    \
+                     END IF;\n    \
+                     RETURN highest;\n\
+                 END $$;\n"
             ),
-            // ON CONFLICT DO UPDATE locks the existing row even when its
-            // WHERE refuses the update, so a refused admission also waits
-            // for (and then sees) any open one. The scalar subquery reads
-            // the statement's snapshot: under READ COMMITTED it can predate
-            // a commit the upsert waited for, which `admit` checks.
-            admit: format!(
-                "WITH up AS (INSERT INTO {s}.fences AS f (name, token) VALUES ($1, $2) \
-                 ON CONFLICT (name) DO UPDATE SET token = excluded.token \
-                 WHERE f.token <= excluded.token RETURNING f.token) \
-                 SELECT EXISTS (SELECT 1 FROM up), \
-                 (SELECT token FROM {s}.fences WHERE name = $1)"
-            ),
-            highest: format!("SELECT token FROM {s}.fences WHERE name = $1"),
+            admit: format!("SELECT {s}.fence_admit($1, $2)"),
         })
     }
 
@@ -154,8 +166,9 @@ impl PgFence {
 
     /// Admits `token` for fence `name` inside `tx`, or refuses it.
     ///
-    /// One statement and one round trip (the statement is sent with its
-    /// parameter types, so nothing is prepared first). A
+    /// One round trip: a call of the `fence_admit` function the migration
+    /// installs (sent with its parameter types, so nothing is prepared
+    /// first; the server keeps the function's plan per session). A
     /// [`deadpool_postgres::Transaction`] dereferences to the
     /// `tokio_postgres` one this takes.
     ///
@@ -182,26 +195,15 @@ impl PgFence {
         let presented = check_admission(name, token)?;
         // A transaction's statement applies nothing if its connection
         // breaks: the transaction rolls back.
-        let err = |e| CoordError::Store(pg_error(e, false));
-        let row = tx
+        let highest: i64 = tx
             .query_typed_one(
                 &self.admit,
                 &[(&name, Type::TEXT), (&presented, Type::INT8)],
             )
             .await
-            .map_err(err)?;
-        if row.get::<_, bool>(0) {
-            return Ok(());
-        }
-        let highest = match higher(token, row.get(1)) {
-            Some(h) => h,
-            None => tx
-                .query_typed_one(&self.highest, &[(&name, Type::TEXT)])
-                .await
-                .map_err(err)?
-                .get(0),
-        };
-        Err(refusal(token, highest))
+            .map_err(|e| CoordError::Store(pg_error(e, false)))?
+            .get(0);
+        admission(token, presented, highest)
     }
 
     /// [`admit`](PgFence::admit) for [`sqlx`] (feature `sqlx`): admits
@@ -247,24 +249,13 @@ impl PgFence {
         token: FencingToken,
     ) -> Result<(), CoordError> {
         let presented = check_admission(name, token)?;
-        let (admitted, snapshot): (bool, Option<i64>) = sqlx::query_as(&self.admit)
+        let highest: i64 = sqlx::query_scalar(&self.admit)
             .bind(name)
             .bind(presented)
-            .fetch_one(&mut *conn)
+            .fetch_one(conn)
             .await
             .map_err(sqlx_error)?;
-        if admitted {
-            return Ok(());
-        }
-        let highest = match higher(token, snapshot) {
-            Some(h) => h,
-            None => sqlx::query_scalar(&self.highest)
-                .bind(name)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(sqlx_error)?,
-        };
-        Err(refusal(token, highest))
+        admission(token, presented, highest)
     }
 }
 
@@ -280,19 +271,17 @@ fn check_admission(name: &str, token: FencingToken) -> Result<i64, CoordError> {
     })
 }
 
-/// The highest token a refused admission's snapshot showed, if it is
-/// higher than `token`; `None` when the snapshot predates the commit that
-/// refused it (READ COMMITTED), so the row must be read again.
-fn higher(token: FencingToken, snapshot: Option<i64>) -> Option<i64> {
-    snapshot.filter(|&h| h.unsigned_abs() > token.get())
-}
-
-/// The refusal of `token` by a fence whose highest token is `highest`.
-fn refusal(token: FencingToken, highest: i64) -> CoordError {
-    CoordError::Fenced(Fenced::new(
-        token,
-        FencingToken::new(highest.unsigned_abs()),
-    ))
+/// The outcome of an admission of `token` (`presented` as stored) after
+/// which the fence's token is `highest`.
+fn admission(token: FencingToken, presented: i64, highest: i64) -> Result<(), CoordError> {
+    if highest == presented {
+        Ok(())
+    } else {
+        Err(CoordError::Fenced(Fenced::new(
+            token,
+            FencingToken::new(highest.unsigned_abs()),
+        )))
+    }
 }
 
 /// A sqlx failure inside the user's transaction, classified as the
