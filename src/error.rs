@@ -5,6 +5,7 @@ use crate::codec::DecodeError;
 use crate::coord::CoordError;
 use crate::counter::CounterOverflow;
 use crate::occ::RetryExhausted;
+use crate::partition::SerialError;
 use crate::store::StoreError;
 use crate::text::TextError;
 
@@ -35,4 +36,8 @@ pub enum Error {
     /// [`RetryExhausted`]).
     #[error(transparent)]
     Retry(#[from] RetryExhausted),
+    /// Work submitted to a single writer was refused or failed (see
+    /// [`SerialError`]).
+    #[error(transparent)]
+    Serial(#[from] SerialError),
 }

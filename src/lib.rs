@@ -91,7 +91,9 @@
 //! ## Feature flags
 //!
 //! - `testing`: the public harnesses (pulls in `proptest`).
-//! - `postgres`: the PostgreSQL backend (`tokio-postgres`, `deadpool-postgres`).
+//! - `postgres`: the PostgreSQL backend (`tokio-postgres`, `deadpool-postgres`)
+//!   and `PgFence`, the fence inside your own PostgreSQL transactions.
+//! - `sqlx`: `PgFence::admit_sqlx`, the same fence in a sqlx transaction.
 //! - `etcd`: the etcd backend (`tonic`; building it needs no `protoc`).
 //! - `crdts`: adapters for the `crdts` crate.
 //! - `automerge`: adapters for automerge documents.
