@@ -47,10 +47,12 @@
 //! same, so the ratio is calm's own overhead.
 //!
 //! - **Fencing in the user's own tables.** `BEGIN; PgFence::admit;
-//!   UPDATE; COMMIT` against the same transaction without the admission,
-//!   1, 4 and 16 writers on their own connections and account rows, with
-//!   fence names of their own and with one shared name (every writer then
-//!   queues on the fence row, as writers of one resource do).
+//!   UPDATE; COMMIT` (the admission pipelined with the update) against
+//!   the same transaction without the admission, 1, 4 and 16 writers on
+//!   their own connections and account rows, with fence names of their
+//!   own and with one shared name (every writer then queues on the fence
+//!   row, as writers of one resource do); and once with the admission
+//!   awaited before the update, at 1 writer.
 //!
 //! The servers are started like the tests start them (`calm::testing::
 //! servers`); when a binary is missing the suite says so and skips it.

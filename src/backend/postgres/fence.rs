@@ -186,6 +186,36 @@ impl PgFence {
     ///
     /// Dropping it leaves the transaction in an unknown state: roll it
     /// back.
+    ///
+    /// # Performance
+    ///
+    /// Awaited before your first statement, the admission adds one round
+    /// trip to the transaction. Sent together with it instead (polled
+    /// concurrently, so tokio-postgres pipelines both on the connection),
+    /// it adds none: the server still runs the admission first, and if it
+    /// is refused you roll back whatever ran after it.
+    ///
+    /// ```no_run
+    /// # use calm::backend::postgres::PgFence;
+    /// # use calm::coord::FencingToken;
+    /// # async fn run(client: &mut tokio_postgres::Client, fence: PgFence, token: FencingToken)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let tx = client.transaction().await?;
+    /// let (admitted, updated) = tokio::join!(
+    ///     fence.admit(&tx, "accounts", token),
+    ///     tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]),
+    /// );
+    /// match (admitted, updated) {
+    ///     (Ok(()), Ok(_)) => tx.commit().await?,
+    ///     (admitted, updated) => {
+    ///         tx.rollback().await?;
+    ///         admitted?;
+    ///         updated?;
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn admit(
         &self,
         tx: &Transaction<'_>,
