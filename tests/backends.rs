@@ -214,6 +214,21 @@ pub(crate) mod postgres {
             .unwrap();
     }
 
+    /// The partition log's single writer under pauses and crashes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partition_log() {
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("partitions")).await;
+        crate::partition_log::single_writer_under_pauses_and_crashes(
+            store,
+            "pl/",
+            Duration::from_secs(1),
+        )
+        .await;
+    }
+
     /// Fencing, election, lock, idempotency and ownership on PostgreSQL.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn recipes() {
@@ -457,6 +472,21 @@ pub(crate) mod etcd {
             check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
             eprintln!("etcd conformance {name}: ok in {:?}", started.elapsed());
         }
+    }
+
+    /// The partition log's single writer under pauses and crashes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn partition_log() {
+        let Some(server) = skip_or_fail(EtcdServer::start()) else {
+            return;
+        };
+        let store = connect(server.endpoints()).await;
+        crate::partition_log::single_writer_under_pauses_and_crashes(
+            store,
+            "pl/",
+            Duration::from_secs(2),
+        )
+        .await;
     }
 
     /// Fencing, election, lock, idempotency and ownership on etcd.

@@ -280,6 +280,74 @@ async fn bad_input_is_refused_without_change() {
     assert_eq!(store.get(b"data").await.unwrap().unwrap().value, b"9");
 }
 
+/// `StoreFence::write_if`: written when the token is admissible and the
+/// compares hold (on an absent and on an existing fence key); `None` and
+/// nothing written when a compare fails, whether the fence key exists or
+/// not; `Fenced` for a lower token even when the compares hold.
+#[tokio::test]
+async fn store_fence_write_if_tells_its_outcomes_apart() {
+    use calm::store::{Compare, CompareOp, TxnOp};
+    let store = MemoryStore::new();
+    let sf = StoreFence::new(store.clone(), b"wi/fence".to_vec()).unwrap();
+    let absent = || {
+        vec![Compare::create_revision(
+            b"wi/k",
+            CompareOp::Equal,
+            calm::occ::Version::ZERO,
+        )]
+    };
+    let put = |v: &[u8]| vec![TxnOp::put(b"wi/k", v)];
+
+    // A failing compare before the fence key exists: nothing written.
+    let _ = store.put(b"wi/k", b"0", PutOptions::new()).await.unwrap();
+    let rev = store.revision().await.unwrap();
+    assert_eq!(
+        sf.write_if(FencingToken::new(5), absent(), put(b"1"))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.revision().await.unwrap(), rev);
+    assert!(store.get(b"wi/fence").await.unwrap().is_none());
+
+    // Compares holding: written, and the fence raised.
+    let _ = store
+        .delete(b"wi/k", calm::store::Expect::Any)
+        .await
+        .unwrap();
+    assert!(
+        sf.write_if(FencingToken::new(5), absent(), put(b"1"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(store.get(b"wi/k").await.unwrap().unwrap().value, b"1");
+
+    // A failing compare with the fence key present: nothing written.
+    let rev = store.revision().await.unwrap();
+    assert_eq!(
+        sf.write_if(FencingToken::new(6), absent(), put(b"2"))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.revision().await.unwrap(), rev);
+
+    // A lower token is fenced whether or not the compares hold.
+    let holds = vec![Compare::create_revision(
+        b"wi/nothing",
+        CompareOp::Equal,
+        calm::occ::Version::ZERO,
+    )];
+    let err = sf
+        .write_if(FencingToken::new(4), holds, put(b"3"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CoordError::Fenced(_)), "{err:?}");
+    assert_eq!(store.revision().await.unwrap(), rev);
+    assert_eq!(store.get(b"wi/k").await.unwrap().unwrap().value, b"1");
+}
+
 /// Observers see every change of leader, and the stream reports the end
 /// of its watch as an error rather than going quiet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

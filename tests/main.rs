@@ -16,6 +16,7 @@ mod fuzz_seeds;
 mod harness;
 mod laws;
 mod partition;
+mod partition_log;
 #[cfg(feature = "postgres")]
 mod pg_fence;
 mod serde_input;

@@ -213,6 +213,34 @@ impl<S: Store> StoreFence<S> {
     /// As [`Store::txn`]: all or nothing, but a remote write dropped in
     /// flight may or may not have committed.
     pub async fn write(&self, token: FencingToken, ops: Vec<TxnOp>) -> Result<Version, CoordError> {
+        let written = self.write_if(token, Vec::new(), ops).await?;
+        // With no compares of the caller's, only the fence can refuse.
+        written.ok_or_else(|| {
+            CoordError::Store(StoreError::Backend {
+                source: "a fenced write without compares was refused by none".into(),
+            })
+        })
+    }
+
+    /// As [`write`](StoreFence::write), when `compares` also hold: runs
+    /// `ops` atomically if `token` is at least the highest token seen and
+    /// every compare holds, raising the fence to `token`. Returns the
+    /// revision of the write, or `None` if the token was admissible but a
+    /// compare failed (nothing written).
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](StoreFence::write).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Store::txn`].
+    pub async fn write_if(
+        &self,
+        token: FencingToken,
+        compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<Option<Version>, CoordError> {
         // stored <= token, as bytes: any 8-byte value is below the token's
         // bytes followed by 0x00 exactly when it is at most the token. An
         // absent fence key fails every value compare, so it is tested apart.
@@ -232,10 +260,11 @@ impl<S: Store> StoreFence<S> {
                 .when(guard)
                 .then(TxnOp::put(&self.fence_key, &token.to_bytes()))
                 .otherwise(TxnOp::get(&self.fence_key));
+            txn.compares.extend(compares.iter().cloned());
             txn.success.extend(ops.iter().cloned());
             let out = self.store.txn(txn).await?;
             if out.succeeded {
-                return Ok(out.revision);
+                return Ok(Some(out.revision));
             }
             match out.results.first() {
                 Some(TxnOpResult::Get { kv: Some(kv) }) => {
@@ -244,8 +273,14 @@ impl<S: Store> StoreFence<S> {
                     if highest > token {
                         return Err(Fenced::new(token, highest).into());
                     }
+                    // The guard held as read: a compare of the caller's
+                    // failed.
+                    if !expect_absent && kv.value.as_slice() < bound.as_slice() {
+                        return Ok(None);
+                    }
                     expect_absent = false;
                 }
+                _ if expect_absent => return Ok(None),
                 _ => expect_absent = true,
             }
         }

@@ -180,3 +180,41 @@ mod tests {
         assert_eq!(message(&other), None);
     }
 }
+
+/// Why a [`PartitionLog`](super::PartitionLog) call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// A partition count of 0 or over
+    /// [`MAX_PARTITIONS`](super::MAX_PARTITIONS), or a partition number
+    /// not below the log's count: a caller bug.
+    #[error("partition {partitions} is out of range")]
+    InvalidPartitions {
+        /// The count or number given.
+        partitions: u32,
+    },
+    /// An entity key or command id that is empty or too long: fix the
+    /// input.
+    #[error("invalid command: {reason}")]
+    InvalidKey {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A key under the log's prefix that calm did not write (another
+    /// program shares the prefix): the entry is left alone.
+    #[error("the log entry {key:?} was not written by calm")]
+    Corrupt {
+        /// The entry's key.
+        key: Vec<u8>,
+    },
+    /// The store or a coordination check failed (see [`CoordError`](crate::coord::CoordError):
+    /// retryable store errors can be retried).
+    #[error(transparent)]
+    Coord(#[from] crate::coord::CoordError),
+}
+
+impl From<crate::store::StoreError> for LogError {
+    fn from(e: crate::store::StoreError) -> Self {
+        Self::Coord(e.into())
+    }
+}

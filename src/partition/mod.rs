@@ -85,19 +85,44 @@
 //! # }
 //! ```
 //!
-//! # Where to read next
+//! # Across processes: [`PartitionLog`]
 //!
-//! Within one process the executor is enough. Across processes the same
-//! idea needs one owner per partition among live members and a fence
-//! against owners that paused: [`Ownership`](crate::coord::Ownership)
-//! assigns keys to members and hands out view tokens, and
-//! [`StoreFence`](crate::coord::StoreFence) refuses a stale owner's
-//! writes.
+//! Across processes the same idea needs one owner per partition among
+//! live members, and a fence against owners that paused. A
+//! [`PartitionLog`] keeps the commands in a [`Store`](crate::store::Store):
+//! producers [`append`](PartitionLog::append) a command for an entity
+//! key, the key picks one of a fixed number of partitions, and the
+//! store's revision orders them. Members of an
+//! [`Ownership`](crate::coord::Ownership) group call
+//! [`apply_owned`](PartitionLog::apply_owned) with their current view:
+//! each partition is owned by one member of the view, which applies its
+//! commands oldest first, each in one transaction that writes the
+//! command's effects, records the partition's progress and deletes the
+//! command, fenced by the view's token. A member that paused or was cut
+//! off wakes with an older view; its first write is refused
+//! ([`Applied::fenced`]), and the new owner goes on from the progress
+//! recorded. Every command is applied exactly once, each entity's in
+//! the order they were appended, with no lock held anywhere.
+//!
+//! ```text
+//!  producers ── append(key, cmd) ──►  store: log/<p>/<id>  (revision order)
+//!                                            │
+//!  member owning p in view v ── apply_owned ─┘
+//!      one txn per command, fenced by v's token:
+//!      effects + progress/<p> = revision + delete log/<p>/<id>
+//! ```
+//!
+//! Effects outside the store cannot join that transaction: fence them at
+//! the resource with the view's token
+//! (`backend::postgres::PgFence` for PostgreSQL
+//! tables), or make them idempotent under the command's revision.
 
 mod completion;
 mod error;
+mod log;
 mod serial;
 
 pub use completion::Completion;
-pub use error::{Rejected, SerialError};
+pub use error::{LogError, Rejected, SerialError};
+pub use log::{Applied, Command, MAX_ENTITY_KEY, MAX_PARTITIONS, PartitionLog};
 pub use serial::{SerialExecutor, SerialOptions};
