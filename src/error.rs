@@ -41,3 +41,18 @@ pub enum Error {
     #[error(transparent)]
     Serial(#[from] SerialError),
 }
+
+/// Writes `e` and every cause under it, `: `-separated: for reports that
+/// show a whole chain at once (a loss's `Display`), not for error links.
+pub(crate) fn write_chain(
+    f: &mut std::fmt::Formatter<'_>,
+    e: &(dyn std::error::Error + 'static),
+) -> std::fmt::Result {
+    write!(f, "{e}")?;
+    let mut next = e.source();
+    while let Some(cause) = next {
+        write!(f, ": {cause}")?;
+        next = cause.source();
+    }
+    Ok(())
+}

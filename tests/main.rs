@@ -19,6 +19,8 @@ mod partition;
 mod partition_log;
 #[cfg(feature = "postgres")]
 mod pg_fence;
+#[cfg(feature = "redis")]
+mod redis;
 mod serde_input;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod server_faults;

@@ -5,8 +5,13 @@
 //! [`MemoryStore`](crate::store::MemoryStore)
 //! ([`testing::conformance`](crate::testing)), so every recipe in
 //! [`coord`](crate::coord) runs on them unchanged.
+//!
+//! `redis` (feature `redis`) is not a store: it holds efficiency locks,
+//! deliberately without fencing tokens.
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;

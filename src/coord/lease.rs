@@ -47,15 +47,8 @@ impl std::fmt::Display for LeaseLoss {
             LeaseLoss::Expired => f.write_str("the store ended it"),
             LeaseLoss::Unreachable { cause: Some(e) } => {
                 // The whole chain: this is a report, not an error link.
-                write!(
-                    f,
-                    "the store was unreachable for a whole TTL (last error: {e}"
-                )?;
-                let mut next = std::error::Error::source(&**e);
-                while let Some(cause) = next {
-                    write!(f, ": {cause}")?;
-                    next = cause.source();
-                }
+                f.write_str("the store was unreachable for a whole TTL (last error: ")?;
+                crate::error::write_chain(f, &**e)?;
                 f.write_str(")")
             }
             LeaseLoss::Unreachable { cause: None } => {

@@ -1,10 +1,11 @@
-//! Real PostgreSQL and etcd servers for tests: started on free loopback
-//! ports in temporary directories, stopped on drop.
+//! Real PostgreSQL, etcd and Redis servers for tests: started on free
+//! loopback ports in temporary directories, stopped on drop.
 //!
 //! Tests never assume a running server. They call [`PostgresServer::start`]
 //! or [`EtcdServer::start`], which start one from the installed binaries
 //! (Debian's `postgresql` gives `initdb` and `postgres`, `etcd-server`
-//! gives `etcd`), or use `CALM_POSTGRES_URL` / `CALM_ETCD_ENDPOINTS` when
+//! gives `etcd`; [`RedisServer::start`] needs `redis-server`), or use
+//! `CALM_POSTGRES_URL` / `CALM_ETCD_ENDPOINTS` / `CALM_REDIS_URL` when
 //! those are set. When the binaries are missing, [`ServerError::Missing`]
 //! is returned; [`skip_or_fail`] turns that into a loud skip, or a failure
 //! when `CALM_REQUIRE_SERVERS=1` (as CI sets).
@@ -685,6 +686,135 @@ impl EtcdServer {
 }
 
 impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A Redis server for tests: `redis-server` with persistence off (no RDB
+/// snapshots, no append-only file), so a kill loses every key, as the
+/// fault tests want.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// `None` when `CALM_REDIS_URL` points at an existing server.
+    process: Option<ServerProcess>,
+    dir: Option<PathBuf>,
+    port: u16,
+    url: String,
+    binary: Option<PathBuf>,
+}
+
+impl RedisServer {
+    /// Starts a fresh server (or uses `CALM_REDIS_URL`).
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::Missing`] if `redis-server` is not installed, or an
+    /// error starting it.
+    pub fn start() -> Result<Self, ServerError> {
+        if let Ok(url) = std::env::var("CALM_REDIS_URL") {
+            return Ok(Self {
+                process: None,
+                dir: None,
+                port: 0,
+                url,
+                binary: None,
+            });
+        }
+        Self::start_own()
+    }
+
+    /// Starts a fresh server of this process's own, ignoring
+    /// `CALM_REDIS_URL` (tests that need several independent servers,
+    /// or to freeze and kill one).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_own() -> Result<Self, ServerError> {
+        let binary = find("redis-server", &[]).ok_or(ServerError::Missing {
+            binary: "redis-server",
+            package: "redis-server",
+            env: "CALM_REDIS_URL",
+        })?;
+        let dir = temp_dir("redis")?;
+        let port = free_port()?;
+        let mut server = Self {
+            process: None,
+            dir: Some(dir),
+            port,
+            url: format!("redis://127.0.0.1:{port}/"),
+            binary: Some(binary),
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<(), ServerError> {
+        let (Some(dir), Some(bin)) = (&self.dir, &self.binary) else {
+            return Ok(());
+        };
+        let child = Command::new(bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ServerError::Start {
+                what: "redis-server",
+                source,
+            })?;
+        self.process = Some(ServerProcess { child: Some(child) });
+        wait_port(self.port, "redis-server", Duration::from_secs(30))
+    }
+
+    /// The connection URL (`redis://127.0.0.1:<port>/`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The server process (`None` for an external server).
+    pub fn process(&self) -> Option<&ServerProcess> {
+        self.process.as_ref()
+    }
+
+    /// Sends `signal` to the server (SIGSTOP freezes it, SIGCONT resumes
+    /// it). An external server is left alone.
+    ///
+    /// # Errors
+    ///
+    /// The error of the `kill(2)` call.
+    pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
+        match &self.process {
+            Some(p) => p.signal(signal),
+            None => Ok(()),
+        }
+    }
+
+    /// Kills the server with SIGKILL (every key is lost: no persistence).
+    pub fn kill(&mut self) {
+        if let Some(p) = &mut self.process {
+            p.kill();
+        }
+    }
+
+    /// Starts the server again, empty, on the same port.
+    ///
+    /// # Errors
+    ///
+    /// An error starting it.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.kill();
+        self.launch()
+    }
+}
+
+impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         if let Some(dir) = &self.dir {
