@@ -376,24 +376,6 @@ pub(crate) mod etcd {
         crate::backends::put_is_read_and_watched(&store, b"tls/").await;
     }
 
-    /// POSTs `body` to etcd's JSON gateway at `path`; returns the status
-    /// line and body.
-    fn gateway(endpoint: &str, path: &str, body: &str) -> String {
-        use std::io::{Read, Write};
-        let host = endpoint.trim_start_matches("http://");
-        let mut conn = std::net::TcpStream::connect(host).expect("gateway connection");
-        write!(
-            conn,
-            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .expect("request");
-        let mut reply = String::new();
-        conn.read_to_string(&mut reply).expect("reply");
-        reply
-    }
-
     /// An etcd with authentication on: calm signs in with
     /// `EtcdOptions::with_user` and works; without credentials, or with a
     /// wrong password, it is refused.
@@ -419,7 +401,7 @@ pub(crate) mod etcd {
             ("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#),
             ("/v3/auth/enable", "{}"),
         ] {
-            let reply = gateway(&ep, path, body);
+            let reply = calm::testing::servers::etcd_gateway(&ep, path, body).expect("gateway");
             assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
         }
         let anonymous = EtcdStore::connect(server.endpoints()).await;
@@ -461,16 +443,24 @@ pub(crate) mod etcd {
         let Some(server) = skip_or_fail(EtcdServer::start()) else {
             return;
         };
+        run_conformance(connect(server.endpoints()).await, "etcd").await;
+    }
+
+    /// Runs every conformance check on `store`, each case under a prefix
+    /// of its own; `what` names the target in the log.
+    pub(crate) async fn run_conformance(store: EtcdStore, what: &str) {
         let fixture = EtcdFixture {
-            store: connect(server.endpoints()).await,
+            store,
             tag: format!("conf{}", std::process::id()),
             next: AtomicU32::new(0),
         };
         for (name, check) in conformance::checks::<EtcdStore>() {
             let case = fixture.case().await;
             let started = std::time::Instant::now();
-            check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-            eprintln!("etcd conformance {name}: ok in {:?}", started.elapsed());
+            check(&case)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+            eprintln!("{what} conformance {name}: ok in {:?}", started.elapsed());
         }
     }
 

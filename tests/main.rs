@@ -10,6 +10,8 @@ mod coord_leader;
 mod coord_ownership;
 mod derive;
 mod errors;
+#[cfg(feature = "etcd")]
+mod etcd_cluster;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod faults;
 mod fuzz_seeds;

@@ -446,7 +446,8 @@ pub(crate) fn fault_rounds() -> usize {
         .unwrap_or(3)
 }
 
-/// The entry point of [`election_failover`]'s child processes: does
+/// The entry point of [`election_failover`]'s child processes (for etcd,
+/// `target` is a comma-separated list of endpoints): does
 /// nothing unless `CALM_CANDIDATE` is set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "entry point of the fault tests' candidate processes"]
@@ -470,7 +471,8 @@ async fn candidate() {
         }
         #[cfg(feature = "etcd")]
         "etcd" => {
-            let store = crate::backends::etcd::connect(&[target.to_string()]).await;
+            let endpoints: Vec<String> = target.split(',').map(str::to_owned).collect();
+            let store = crate::backends::etcd::connect(&endpoints).await;
             candidate_loop(store, prefix, ttl).await;
         }
         other => panic!("unknown backend {other}"),

@@ -1,5 +1,6 @@
-//! Real PostgreSQL, etcd and Redis servers for tests: started on free
-//! loopback ports in temporary directories, stopped on drop.
+//! Real PostgreSQL, etcd (one member or a cluster) and Redis servers for
+//! tests: started on free loopback ports in temporary directories, stopped
+//! on drop.
 //!
 //! Tests never assume a running server. They call [`PostgresServer::start`]
 //! or [`EtcdServer::start`], which start one from the installed binaries
@@ -620,7 +621,7 @@ impl EtcdServer {
         let scheme = if self.tls { "https" } else { "http" };
         let client = format!("{scheme}://127.0.0.1:{}", self.ports.0);
         let peer = format!("http://127.0.0.1:{}", self.ports.1);
-        let mut cmd = Command::new(bin);
+        let mut cmd = etcd_command(bin, &dir.join("data"), "calm", &client, &peer);
         if self.tls {
             cmd.arg("--cert-file")
                 .arg(dir.join("server.crt"))
@@ -628,24 +629,7 @@ impl EtcdServer {
                 .arg(dir.join("server.key"));
         }
         let child = cmd
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(["--name", "calm"])
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
             .args(["--initial-cluster", &format!("calm={peer}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .map_err(|source| ServerError::Start {
                 what: "etcd",
@@ -691,6 +675,265 @@ impl Drop for EtcdServer {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// The `etcd` command for member `name` with its data in `data`, serving
+/// clients at `client` and peers at `peer` (both on 127.0.0.1); the caller
+/// adds `--initial-cluster` and TLS flags.
+fn etcd_command(bin: &Path, data: &Path, name: &str, client: &str, peer: &str) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--data-dir")
+        .arg(data)
+        .args(["--name", name])
+        .args([
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+/// Sends `body` (JSON) to `path` of the JSON gateway of the etcd at
+/// `endpoint` (`http://host:port`); returns the whole HTTP reply, status
+/// line included.
+///
+/// # Errors
+///
+/// The I/O error of the connection.
+pub fn etcd_gateway(endpoint: &str, path: &str, body: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let host = endpoint.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(host)?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    Ok(reply)
+}
+
+/// A three-member (or larger) etcd cluster for tests, every member a
+/// process of its own on loopback ports, so a test can freeze or kill the
+/// raft leader or a follower and restart it on its data. Never an
+/// external cluster (one could not be frozen).
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<ClusterMember>,
+    dir: PathBuf,
+    binary: PathBuf,
+    initial_cluster: String,
+}
+
+#[derive(Debug)]
+struct ClusterMember {
+    name: String,
+    /// Client URL and its port.
+    client: (String, u16),
+    peer: String,
+    process: Option<ServerProcess>,
+    /// Stopped with SIGSTOP and not resumed: asking it would hang.
+    frozen: bool,
+}
+
+impl EtcdCluster {
+    /// Starts a fresh cluster of `members` members (at least 1) and waits
+    /// until it has a leader.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::Missing`] if etcd is not installed, or an error
+    /// starting it.
+    pub fn start(members: usize) -> Result<Self, ServerError> {
+        let binary = find("etcd", &[]).ok_or(ServerError::Missing {
+            binary: "etcd",
+            package: "etcd-server",
+            env: "(none: a cluster is always started here)",
+        })?;
+        let dir = temp_dir("etcd-cluster")?;
+        let mut list = Vec::new();
+        for i in 0..members.max(1) {
+            let port = free_port()?;
+            list.push(ClusterMember {
+                name: format!("m{i}"),
+                client: (format!("http://127.0.0.1:{port}"), port),
+                peer: format!("http://127.0.0.1:{}", free_port()?),
+                process: None,
+                frozen: false,
+            });
+        }
+        let initial_cluster = list
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            members: list,
+            dir,
+            binary,
+            initial_cluster,
+        };
+        // Every member must be up before any can elect a leader.
+        for i in 0..cluster.members.len() {
+            cluster.spawn(i)?;
+        }
+        for m in &cluster.members {
+            wait_port(m.client.1, "etcd member", Duration::from_secs(30))?;
+        }
+        cluster.wait_for_leader(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), ServerError> {
+        let m = &self.members[i];
+        // On a restart the data directory already holds the membership,
+        // and etcd ignores the initial-cluster flags.
+        let child = etcd_command(
+            &self.binary,
+            &self.dir.join(&m.name),
+            &m.name,
+            &m.client.0,
+            &m.peer,
+        )
+        .args(["--initial-cluster", &self.initial_cluster])
+        .args(["--initial-cluster-state", "new"])
+        .args(["--initial-cluster-token", "calm-test-cluster"])
+        .spawn()
+        .map_err(|source| ServerError::Start {
+            what: "etcd member",
+            source,
+        })?;
+        self.members[i].process = Some(ServerProcess { child: Some(child) });
+        self.members[i].frozen = false;
+        Ok(())
+    }
+
+    /// Every member's client endpoint, for a client that balances over
+    /// them.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client.0.clone()).collect()
+    }
+
+    /// How many members there are.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no member (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Member `i`'s process (`None` while it is killed).
+    pub fn process(&self, i: usize) -> Option<&ServerProcess> {
+        self.members.get(i)?.process.as_ref()
+    }
+
+    /// Sends `signal` to member `i` (a killed member is left alone).
+    ///
+    /// # Errors
+    ///
+    /// The error of the `kill(2)` call.
+    pub fn signal(&mut self, i: usize, signal: Signal) -> std::io::Result<()> {
+        let Some(m) = self.members.get_mut(i) else {
+            return Ok(());
+        };
+        if let Some(p) = &m.process {
+            p.signal(signal)?;
+            m.frozen = signal == Signal::Stop;
+        }
+        Ok(())
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(m) = self.members.get_mut(i)
+            && let Some(mut p) = m.process.take()
+        {
+            p.kill();
+        }
+    }
+
+    /// Kills member `i` if it runs, and starts it again on its data and
+    /// ports.
+    ///
+    /// # Errors
+    ///
+    /// An error starting it.
+    pub fn restart(&mut self, i: usize) -> Result<(), ServerError> {
+        self.kill(i);
+        self.spawn(i)?;
+        wait_port(
+            self.members[i].client.1,
+            "etcd member",
+            Duration::from_secs(30),
+        )
+    }
+
+    /// The index of the member that is raft leader now, as the running
+    /// members report it (`None`: no running member knows one; frozen
+    /// members are not asked).
+    pub fn leader(&self) -> Option<usize> {
+        let ids: Vec<Option<(String, String)>> = self
+            .members
+            .iter()
+            .map(|m| {
+                if m.process.is_none() || m.frozen {
+                    return None;
+                }
+                let reply = etcd_gateway(&m.client.0, "/v3/maintenance/status", "{}").ok()?;
+                let body = reply.split("\r\n\r\n").nth(1)?;
+                let v: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+                let own = v["header"]["member_id"].as_str()?.to_owned();
+                let leader = v["leader"].as_str()?.to_owned();
+                Some((own, leader))
+            })
+            .collect();
+        let leader = ids.iter().flatten().map(|(_, l)| l).find(|l| *l != "0")?;
+        ids.iter()
+            .position(|m| m.as_ref().is_some_and(|(own, _)| own == leader))
+    }
+
+    /// Waits until a running member reports a leader.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::NotReady`] if none does within `timeout`.
+    pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize, ServerError> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(ServerError::NotReady {
+            what: "an etcd cluster leader",
+            timeout,
+        })
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            let _ = self.signal(i, Signal::Cont);
+            self.kill(i);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
