@@ -46,39 +46,226 @@ async fn put_is_read_and_watched<S: calm::store::Store>(store: &S, prefix: &[u8]
     );
 }
 
+/// A server backend the shared suite runs on: how to start its server,
+/// open a store on it, and kill it.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+pub(crate) trait Backend: Sized + Send + 'static {
+    /// Its store.
+    type Store: calm::store::Store + Clone + 'static;
+    /// Its name, in logs and for the fault tests' child processes.
+    const NAME: &'static str;
+    /// The lease TTL its tests use (etcd's minimum is about two seconds).
+    const TTL: std::time::Duration;
+    /// Starts a fresh server (or names an external one).
+    fn start() -> Result<Self, calm::testing::servers::ServerError>;
+    /// What a client connects with: a URL, or endpoints joined by commas
+    /// (as passed to the fault tests' child processes).
+    fn target(&self) -> String;
+    /// A store at `target` for `namespace` (a schema on PostgreSQL; on
+    /// etcd the server's one keyspace, so callers prefix keys with it
+    /// too), retrying while a just-started server warms up.
+    fn store_at(
+        target: &str,
+        namespace: &str,
+    ) -> impl std::future::Future<Output = Self::Store> + Send;
+    /// A store on this server for `namespace`, as [`store_at`](Self::store_at).
+    fn store(&self, namespace: &str) -> impl std::future::Future<Output = Self::Store> + Send {
+        let (target, namespace) = (self.target(), namespace.to_owned());
+        async move { Self::store_at(&target, &namespace).await }
+    }
+    /// Whether this process started the server (an external one cannot be
+    /// killed).
+    fn is_ours(&self) -> bool;
+    /// Kills the server with SIGKILL.
+    fn kill(&mut self);
+    /// Starts it again on the same data and port.
+    fn restart(&mut self);
+}
+
+/// A case per check: a store for a namespace of its own, keys under it.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+struct BackendFixture<'a, B> {
+    backend: &'a B,
+    tag: String,
+    next: std::sync::atomic::AtomicU32,
+}
+
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+impl<B: Backend + Sync> calm::testing::conformance::Fixture for BackendFixture<'_, B> {
+    type Store = B::Store;
+
+    async fn case(&self) -> calm::testing::conformance::Case<B::Store> {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let namespace = format!("{}_{n}", self.tag);
+        calm::testing::conformance::Case {
+            store: self.backend.store(&namespace).await,
+            prefix: format!("{namespace}/").into_bytes(),
+            time: calm::testing::conformance::TimeControl::Real,
+            ttl: B::TTL,
+            ops_per_client: 100,
+        }
+    }
+}
+
+/// Every conformance check on `backend`, each case in a namespace of its
+/// own; `what` names the target in the log.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+pub(crate) async fn run_conformance<B: Backend + Sync>(backend: &B, what: &str) {
+    use calm::testing::conformance::{self, Fixture};
+    let fixture = BackendFixture {
+        backend,
+        tag: format!("conf{}", std::process::id()),
+        next: std::sync::atomic::AtomicU32::new(0),
+    };
+    for (name, check) in conformance::checks::<B::Store>() {
+        let case = fixture.case().await;
+        let started = std::time::Instant::now();
+        check(&case)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+        eprintln!("{what} conformance {name}: ok in {:?}", started.elapsed());
+    }
+}
+
+/// The tests every server backend runs, each on a server of its own:
+/// `suite!(SomeBackend);` inside the backend's module.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+macro_rules! suite {
+    ($backend:ty) => {
+        /// Every conformance check passes.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn conformance() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            crate::backends::run_conformance(&server, <$backend>::NAME).await;
+        }
+
+        /// A watch ends when its store's last handle is dropped.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn watch_ends_with_its_store() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            let store = server.store("dropped").await;
+            calm::testing::conformance::watch_ends_with_its_store(store, b"w/")
+                .await
+                .unwrap();
+        }
+
+        /// The partition log's single writer under pauses and crashes.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_log() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            let store = server.store("partitions").await;
+            crate::partition_log::single_writer_under_pauses_and_crashes(
+                store,
+                "pl/",
+                <$backend>::TTL,
+            )
+            .await;
+        }
+
+        /// Fencing, election, lock, idempotency and ownership.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn recipes() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            let store = server.store("recipes").await;
+            crate::faults::recipes(store, "recipes/", <$backend>::TTL).await;
+        }
+
+        /// A leader process frozen with SIGSTOP is fenced out.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn sigstop_leader_is_fenced() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            let store = server.store("fault").await;
+            crate::faults::sigstop_leader_is_fenced(
+                store,
+                <$backend>::NAME,
+                &server.target(),
+                "sigstop/",
+                <$backend>::TTL,
+            )
+            .await;
+        }
+
+        /// Killing and restarting the server loses no acknowledged
+        /// transaction.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn txns_survive_a_server_kill() {
+            use crate::backends::Backend;
+            let Some(mut server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            if !server.is_ours() {
+                eprintln!("SKIPPED: an external server cannot be killed");
+                return;
+            }
+            let store = server.store("kill").await;
+            let server = std::sync::Mutex::new(&mut server);
+            crate::faults::txns_survive_a_server_kill(
+                store.clone(),
+                "kill/",
+                || <$backend as Backend>::kill(&mut server.lock().unwrap()),
+                || <$backend as Backend>::restart(&mut server.lock().unwrap()),
+            )
+            .await;
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+use suite;
+
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres {
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
     use calm::backend::postgres::{PostgresOptions, PostgresStore};
-    use calm::testing::conformance::{self, Case, Fixture, TimeControl};
-    use calm::testing::servers::{PostgresServer, skip_or_fail};
+    use calm::testing::conformance::{self, Case, TimeControl};
+    use calm::testing::servers::{PostgresServer, ServerError, skip_or_fail};
 
-    /// A fresh schema (a fresh store) per case on one server.
-    struct PgFixture {
-        url: String,
-        tag: String,
-        next: AtomicU32,
-    }
-
-    impl Fixture for PgFixture {
+    impl super::Backend for PostgresServer {
         type Store = PostgresStore;
+        const NAME: &'static str = "postgres";
+        const TTL: Duration = Duration::from_secs(1);
 
-        async fn case(&self) -> Case<PostgresStore> {
-            let n = self.next.fetch_add(1, Ordering::Relaxed);
-            let options =
-                PostgresOptions::new(self.url.clone()).with_schema(format!("{}_{n}", self.tag));
-            let store = connect(options).await;
-            Case {
-                store,
-                prefix: b"conformance/".to_vec(),
-                time: TimeControl::Real,
-                ttl: Duration::from_secs(1),
-                ops_per_client: 100,
-            }
+        fn start() -> Result<Self, ServerError> {
+            PostgresServer::start()
+        }
+
+        async fn store_at(target: &str, namespace: &str) -> PostgresStore {
+            connect(PostgresOptions::new(target).with_schema(namespace)).await
+        }
+
+        fn target(&self) -> String {
+            self.url().to_owned()
+        }
+
+        fn is_ours(&self) -> bool {
+            self.process().is_some()
+        }
+
+        fn kill(&mut self) {
+            PostgresServer::kill(self);
+        }
+
+        fn restart(&mut self) {
+            PostgresServer::restart(self).unwrap();
         }
     }
+
+    super::suite!(PostgresServer);
 
     /// Connects, retrying while a just-started server warms up.
     pub(crate) async fn connect(options: PostgresOptions) -> PostgresStore {
@@ -91,25 +278,6 @@ pub(crate) mod postgres {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         panic!("cannot connect to PostgreSQL: {last:?}");
-    }
-
-    /// Every conformance check passes on PostgreSQL.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn conformance() {
-        let Some(server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        let fixture = PgFixture {
-            url: server.url().to_owned(),
-            tag: format!("conf{}", std::process::id()),
-            next: AtomicU32::new(0),
-        };
-        for (name, check) in conformance::checks::<PostgresStore>() {
-            let case = fixture.case().await;
-            let started = std::time::Instant::now();
-            check(&case).await.unwrap_or_else(|e| panic!("{name}: {e}"));
-            eprintln!("postgres conformance {name}: ok in {:?}", started.elapsed());
-        }
     }
 
     /// A store on a pool the user built (`from_pool`) passes every
@@ -202,81 +370,6 @@ pub(crate) mod postgres {
         crate::backends::put_is_read_and_watched(&store, b"tls/").await;
     }
 
-    /// A watch ends when its store's last handle is dropped.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn watch_ends_with_its_store() {
-        let Some(server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        let store = connect(PostgresOptions::new(server.url()).with_schema("dropped")).await;
-        conformance::watch_ends_with_its_store(store, b"w/")
-            .await
-            .unwrap();
-    }
-
-    /// The partition log's single writer under pauses and crashes.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn partition_log() {
-        let Some(server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        let store = connect(PostgresOptions::new(server.url()).with_schema("partitions")).await;
-        crate::partition_log::single_writer_under_pauses_and_crashes(
-            store,
-            "pl/",
-            Duration::from_secs(1),
-        )
-        .await;
-    }
-
-    /// Fencing, election, lock, idempotency and ownership on PostgreSQL.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn recipes() {
-        let Some(server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        let store = connect(PostgresOptions::new(server.url()).with_schema("recipes")).await;
-        crate::faults::recipes(store, "recipes/", Duration::from_secs(1)).await;
-    }
-
-    /// A leader process frozen with SIGSTOP is fenced out on PostgreSQL.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sigstop_leader_is_fenced() {
-        let Some(server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        let store = connect(PostgresOptions::new(server.url()).with_schema("fault")).await;
-        crate::faults::sigstop_leader_is_fenced(
-            store,
-            "postgres",
-            server.url(),
-            "sigstop/",
-            Duration::from_secs(1),
-        )
-        .await;
-    }
-
-    /// Killing and restarting PostgreSQL loses no acknowledged transaction.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn txns_survive_a_server_kill() {
-        let Some(mut server) = skip_or_fail(PostgresServer::start()) else {
-            return;
-        };
-        if server.process().is_none() {
-            eprintln!("SKIPPED: an external server (CALM_POSTGRES_URL) cannot be killed");
-            return;
-        }
-        let store = connect(PostgresOptions::new(server.url()).with_schema("kill")).await;
-        let server = std::sync::Mutex::new(&mut server);
-        crate::faults::txns_survive_a_server_kill(
-            store.clone(),
-            "kill/",
-            || server.lock().unwrap().kill(),
-            || server.lock().unwrap().restart().unwrap(),
-        )
-        .await;
-    }
-
     /// A closed pool gives `Closed`; oversized input gives typed errors and
     /// changes nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,36 +397,44 @@ pub(crate) mod postgres {
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd {
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
 
     use calm::backend::etcd::{EtcdOptions, EtcdStore};
     use calm::store::{PutOptions, Store};
-    use calm::testing::conformance::{self, Case, Fixture, TimeControl};
-    use calm::testing::servers::{EtcdServer, skip_or_fail};
+    use calm::testing::servers::{EtcdServer, ServerError, skip_or_fail};
 
-    /// One server; each case gets its own key prefix.
-    struct EtcdFixture {
-        store: EtcdStore,
-        tag: String,
-        next: AtomicU32,
-    }
-
-    impl Fixture for EtcdFixture {
+    impl super::Backend for EtcdServer {
         type Store = EtcdStore;
+        const NAME: &'static str = "etcd";
+        const TTL: Duration = Duration::from_secs(2);
 
-        async fn case(&self) -> Case<EtcdStore> {
-            let n = self.next.fetch_add(1, Ordering::Relaxed);
-            Case {
-                store: self.store.clone(),
-                prefix: format!("{}/{n}/", self.tag).into_bytes(),
-                time: TimeControl::Real,
-                // etcd's minimum TTL is about two seconds.
-                ttl: Duration::from_secs(2),
-                ops_per_client: 100,
-            }
+        fn start() -> Result<Self, ServerError> {
+            EtcdServer::start()
+        }
+
+        async fn store_at(target: &str, _namespace: &str) -> EtcdStore {
+            let endpoints: Vec<String> = target.split(',').map(str::to_owned).collect();
+            connect(&endpoints).await
+        }
+
+        fn target(&self) -> String {
+            self.endpoints().join(",")
+        }
+
+        fn is_ours(&self) -> bool {
+            self.process().is_some()
+        }
+
+        fn kill(&mut self) {
+            EtcdServer::kill(self);
+        }
+
+        fn restart(&mut self) {
+            EtcdServer::restart(self).unwrap();
         }
     }
+
+    super::suite!(EtcdServer);
 
     /// Connects, retrying while a just-started server warms up.
     pub(crate) async fn connect(endpoints: &[String]) -> EtcdStore {
@@ -423,109 +524,6 @@ pub(crate) mod etcd {
         .await
         .expect("signed in");
         crate::backends::put_is_read_and_watched(&store, b"auth/").await;
-    }
-
-    /// A watch ends when its store's last handle is dropped.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn watch_ends_with_its_store() {
-        let Some(server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        let store = connect(server.endpoints()).await;
-        conformance::watch_ends_with_its_store(store, b"w/")
-            .await
-            .unwrap();
-    }
-
-    /// Every conformance check passes on etcd.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn conformance() {
-        let Some(server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        run_conformance(connect(server.endpoints()).await, "etcd").await;
-    }
-
-    /// Runs every conformance check on `store`, each case under a prefix
-    /// of its own; `what` names the target in the log.
-    pub(crate) async fn run_conformance(store: EtcdStore, what: &str) {
-        let fixture = EtcdFixture {
-            store,
-            tag: format!("conf{}", std::process::id()),
-            next: AtomicU32::new(0),
-        };
-        for (name, check) in conformance::checks::<EtcdStore>() {
-            let case = fixture.case().await;
-            let started = std::time::Instant::now();
-            check(&case)
-                .await
-                .unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
-            eprintln!("{what} conformance {name}: ok in {:?}", started.elapsed());
-        }
-    }
-
-    /// The partition log's single writer under pauses and crashes.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn partition_log() {
-        let Some(server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        let store = connect(server.endpoints()).await;
-        crate::partition_log::single_writer_under_pauses_and_crashes(
-            store,
-            "pl/",
-            Duration::from_secs(2),
-        )
-        .await;
-    }
-
-    /// Fencing, election, lock, idempotency and ownership on etcd.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn recipes() {
-        let Some(server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        let store = connect(server.endpoints()).await;
-        crate::faults::recipes(store, "recipes/", Duration::from_secs(2)).await;
-    }
-
-    /// A leader process frozen with SIGSTOP is fenced out on etcd.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sigstop_leader_is_fenced() {
-        let Some(server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        let store = connect(server.endpoints()).await;
-        let target = server.endpoints()[0].clone();
-        crate::faults::sigstop_leader_is_fenced(
-            store,
-            "etcd",
-            &target,
-            "sigstop/",
-            Duration::from_secs(2),
-        )
-        .await;
-    }
-
-    /// Killing and restarting etcd loses no acknowledged transaction.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn txns_survive_a_server_kill() {
-        let Some(mut server) = skip_or_fail(EtcdServer::start()) else {
-            return;
-        };
-        if server.process().is_none() {
-            eprintln!("SKIPPED: an external server (CALM_ETCD_ENDPOINTS) cannot be killed");
-            return;
-        }
-        let store = connect(server.endpoints()).await;
-        let server = std::sync::Mutex::new(&mut server);
-        crate::faults::txns_survive_a_server_kill(
-            store.clone(),
-            "kill/",
-            || server.lock().unwrap().kill(),
-            || server.lock().unwrap().restart().unwrap(),
-        )
-        .await;
     }
 }
 

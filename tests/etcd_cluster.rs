@@ -8,14 +8,55 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use calm::backend::etcd::EtcdStore;
 use calm::store::{PutOptions, Store};
 use calm::testing::conformance::{check_history, record_history};
 use calm::testing::linearizability::KvOutput;
-use calm::testing::servers::{EtcdCluster, Signal, skip_or_fail};
+use calm::testing::servers::{EtcdCluster, EtcdServer, ServerError, Signal, skip_or_fail};
+
+use crate::backends::Backend;
+
+/// The cluster as a backend of the shared suite: a client balances over
+/// every member; a kill is the raft leader's.
+impl Backend for EtcdCluster {
+    type Store = EtcdStore;
+    const NAME: &'static str = "etcd cluster";
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn start() -> Result<Self, ServerError> {
+        EtcdCluster::start(3)
+    }
+
+    fn target(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    async fn store_at(target: &str, namespace: &str) -> EtcdStore {
+        EtcdServer::store_at(target, namespace).await
+    }
+
+    fn is_ours(&self) -> bool {
+        true
+    }
+
+    fn kill(&mut self) {
+        if let Ok(leader) = self.wait_for_leader(Duration::from_secs(20)) {
+            EtcdCluster::kill(self, leader);
+        }
+    }
+
+    fn restart(&mut self) {
+        for i in 0..self.len() {
+            if self.process(i).is_none() {
+                EtcdCluster::restart(self, i).unwrap();
+            }
+        }
+    }
+}
 
 /// A fresh three-member cluster, or a loud skip.
 fn cluster() -> Option<EtcdCluster> {
-    skip_or_fail(EtcdCluster::start(3))
+    skip_or_fail(<EtcdCluster as Backend>::start())
 }
 
 /// Runs blocking cluster control off the async workers.
@@ -30,9 +71,9 @@ async fn conformance_and_recipes() {
     let Some(cluster) = cluster() else {
         return;
     };
-    let store = crate::backends::etcd::connect(&cluster.endpoints()).await;
-    crate::backends::etcd::run_conformance(store.clone(), "etcd cluster").await;
-    crate::faults::recipes(store, "recipes/", Duration::from_secs(2)).await;
+    crate::backends::run_conformance(&cluster, EtcdCluster::NAME).await;
+    let store = cluster.store("recipes").await;
+    crate::faults::recipes(store, "recipes/", EtcdCluster::TTL).await;
 }
 
 /// 16 clients record a history on 16 keys for twelve seconds while the
@@ -45,7 +86,7 @@ async fn linearizable_through_leader_and_follower_faults() {
     let Some(cluster) = cluster() else {
         return;
     };
-    let store = crate::backends::etcd::connect(&cluster.endpoints()).await;
+    let store = cluster.store("lin").await;
     let cluster = Mutex::new(cluster);
     let keys = (0..16).map(|i| format!("lin/{i}").into_bytes()).collect();
     let until = Instant::now() + Duration::from_secs(12);
@@ -122,13 +163,13 @@ async fn election_fails_over_within_1_5_ttl() {
     let Some(cluster) = cluster() else {
         return;
     };
-    let target = cluster.endpoints().join(",");
+    let target = cluster.target();
     let failovers = tokio::task::spawn_blocking(move || {
         crate::server_faults::election_failover(
             "etcd",
             &target,
             "e/",
-            Duration::from_secs(2),
+            EtcdCluster::TTL,
             &[3, 8],
             crate::server_faults::fault_rounds(),
         )

@@ -166,15 +166,15 @@ async fn child_leader() {
     match backend.as_str() {
         #[cfg(feature = "postgres")]
         "postgres" => {
-            let store = crate::backends::postgres::connect(
-                calm::backend::postgres::PostgresOptions::new(target).with_schema("fault"),
-            )
-            .await;
+            use calm::testing::servers::PostgresServer;
+            let store =
+                <PostgresServer as crate::backends::Backend>::store_at(&target, "fault").await;
             child_leader_loop(store, &prefix, ttl).await;
         }
         #[cfg(feature = "etcd")]
         "etcd" => {
-            let store = crate::backends::etcd::connect(&[target]).await;
+            use calm::testing::servers::EtcdServer;
+            let store = <EtcdServer as crate::backends::Backend>::store_at(&target, "fault").await;
             child_leader_loop(store, &prefix, ttl).await;
         }
         other => panic!("unknown backend {other}"),

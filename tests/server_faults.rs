@@ -463,16 +463,16 @@ async fn candidate() {
     match backend {
         #[cfg(feature = "postgres")]
         "postgres" => {
-            let store = crate::backends::postgres::connect(
-                calm::backend::postgres::PostgresOptions::new(target).with_schema("election"),
-            )
-            .await;
+            use calm::testing::servers::PostgresServer;
+            let store =
+                <PostgresServer as crate::backends::Backend>::store_at(target, "election").await;
             candidate_loop(store, prefix, ttl).await;
         }
         #[cfg(feature = "etcd")]
         "etcd" => {
-            let endpoints: Vec<String> = target.split(',').map(str::to_owned).collect();
-            let store = crate::backends::etcd::connect(&endpoints).await;
+            use calm::testing::servers::EtcdServer;
+            let store =
+                <EtcdServer as crate::backends::Backend>::store_at(target, "election").await;
             candidate_loop(store, prefix, ttl).await;
         }
         other => panic!("unknown backend {other}"),
