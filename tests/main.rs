@@ -26,6 +26,7 @@ mod redis;
 mod serde_input;
 #[cfg(any(feature = "postgres", feature = "etcd"))]
 mod server_faults;
+mod sim;
 mod store;
 mod sync;
 mod text;

@@ -41,5 +41,7 @@ mod retry;
 mod version;
 
 pub use cell::{Conflict, Snapshot, VersionedCell};
+#[cfg(feature = "testing")]
+pub(crate) use retry::seed_jitter;
 pub use retry::{Attempts, RetryExhausted, RetryPolicy};
 pub use version::{Version, Versioned};

@@ -318,6 +318,13 @@ thread_local! {
     });
 }
 
+/// Seeds this thread's jitter, so a simulation run on it replays
+/// ([`testing::sim`](crate::testing::sim)).
+#[cfg(feature = "testing")]
+pub(crate) fn seed_jitter(seed: u64) {
+    JITTER.with(|s| s.set(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1));
+}
+
 /// A random number in `0..n` (`n > 0`), from a per-thread xorshift64*.
 /// Jitter needs spread, not cryptographic quality.
 pub(crate) fn random_below(n: u64) -> u64 {

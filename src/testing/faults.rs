@@ -61,6 +61,8 @@ pub struct InstrumentedStore<S> {
     requests: Arc<AtomicU64>,
     /// `true` while cut off: calls fail at once with `Unavailable`.
     offline: Arc<std::sync::atomic::AtomicBool>,
+    /// Added to every call, in microseconds (0: none).
+    latency_micros: Arc<AtomicU64>,
 }
 
 impl<S: Store> InstrumentedStore<S> {
@@ -71,7 +73,15 @@ impl<S: Store> InstrumentedStore<S> {
             paused: Arc::new(watch::channel(false).0),
             requests: Arc::new(AtomicU64::new(0)),
             offline: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            latency_micros: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Makes every call take `latency` longer (a Tokio sleep before it is
+    /// sent), as a round trip to a remote store would; zero for none.
+    pub fn set_latency(&self, latency: Duration) {
+        let micros = latency.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.latency_micros.store(micros, Ordering::Relaxed);
     }
 
     /// Cuts the process off from the store (a network partition from its
@@ -101,6 +111,17 @@ impl<S: Store> InstrumentedStore<S> {
         *self.paused.borrow()
     }
 
+    /// Waits while the process is paused (at once if it is not): an await
+    /// point of the process's own code that a pause holds, as it holds
+    /// the process's store calls.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait_while_paused(&self) {
+        gate(&self.paused).await;
+    }
+
     /// Requests made so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
@@ -113,6 +134,10 @@ impl<S: Store> InstrumentedStore<S> {
 
     /// Waits while paused, then counts one request; fails it if cut off.
     async fn enter(&self) -> Result<(), StoreError> {
+        let latency = self.latency_micros.load(Ordering::Relaxed);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_micros(latency)).await;
+        }
         gate(&self.paused).await;
         self.requests.fetch_add(1, Ordering::Relaxed);
         if self.offline.load(Ordering::Relaxed) {

@@ -76,6 +76,7 @@ mod impls;
 pub mod laws;
 pub mod linearizability;
 pub mod servers;
+pub mod sim;
 
 pub use impls::{MapOp, SetOp, TextEdit};
 
