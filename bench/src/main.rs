@@ -14,8 +14,8 @@ mod coord;
 mod crdt;
 mod harness;
 mod occ;
-mod report;
 mod redis;
+mod report;
 mod rng;
 mod text;
 
