@@ -132,6 +132,8 @@ pub enum Figure {
     Bytes(usize),
     /// A dimensionless factor.
     Factor(f64),
+    /// A count per operation (server requests per acquisition, say).
+    PerOp(f64),
     /// A throughput, as the wall time per operation (1 / throughput, in
     /// seconds, so a smaller figure is better as with [`Figure::Time`]);
     /// shown with the operations per second and, when measured, the
@@ -151,7 +153,7 @@ impl Figure {
         match self {
             Figure::Time(secs) => secs,
             Figure::Bytes(b) => b as f64,
-            Figure::Factor(x) => x,
+            Figure::Factor(x) | Figure::PerOp(x) => x,
             Figure::Throughput { per_op, .. } => per_op,
         }
     }
@@ -166,6 +168,7 @@ impl std::fmt::Display for Figure {
             Figure::Bytes(b) if b >= 10_000 => write!(f, "{:.1} KiB", b as f64 / 1024.0),
             Figure::Bytes(b) => write!(f, "{b} B"),
             Figure::Factor(x) => write!(f, "{x:.2}×"),
+            Figure::PerOp(x) => write!(f, "{x:.2}"),
             Figure::Throughput { per_op, latency } => {
                 let rate = 1.0 / per_op;
                 write!(f, "{} (", Figure::Time(per_op))?;

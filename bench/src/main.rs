@@ -2,7 +2,8 @@
 //!
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
 //! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
-//! `fence` (only the backend suite's fenced-transaction rows),
+//! `fence` (only the backend suite's fenced-transaction rows), `redis`
+//! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `text` (the filter picks traces whose name contains it); `report` runs
 //! them all and writes `BENCHMARKS.md`.
 
@@ -13,6 +14,7 @@ mod coord;
 mod crdt;
 mod harness;
 mod occ;
+mod redis;
 mod report;
 mod rng;
 mod text;
@@ -30,11 +32,12 @@ fn main() {
         "adapt" => adapt::run(),
         "backend" => backend::run(),
         "fence" => backend::run_fence(),
+        "redis" => redis::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(),
         other => {
             eprintln!(
-                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, text; or report"
+                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, redis, text; or report"
             );
             std::process::exit(2);
         }

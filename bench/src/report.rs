@@ -84,6 +84,7 @@ pub fn run() -> Vec<Row> {
             "Backends against their raw clients, on real servers",
             "backend",
         ),
+        ("Redis efficiency lock against the bare recipe", "redis"),
         (
             "Collaborative text against every text CRDT and two ropes",
             "text",
@@ -100,6 +101,7 @@ pub fn run() -> Vec<Row> {
                 scaling = points;
                 rows
             }
+            "redis" => crate::redis::run(),
             _ => crate::text::run(None),
         };
         sections.push(Section { title, suite, rows });

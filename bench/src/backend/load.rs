@@ -2,6 +2,7 @@
 //! client, and the watch-latency samples; plus calm's side of both, which
 //! is the same code on every backend.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,12 +61,16 @@ pub(crate) struct Summary {
     pub(crate) p50: f64,
     /// Per-operation latency in seconds, p99 over every round's samples.
     pub(crate) p99: f64,
+    /// Counted operations over every measured round.
+    pub(crate) counted: u64,
 }
 
 /// What one round measured.
 struct Round {
     /// Counted operations per second of wall time.
     rate: f64,
+    /// Counted operations.
+    counted: u64,
     /// Every operation's latency, in nanoseconds.
     latencies: Vec<u32>,
 }
@@ -117,7 +122,14 @@ async fn round<W: Worker>(workers: Vec<W>, op: Op, length: Duration) -> (Vec<W>,
         _ => 0.0,
     };
     let rate = counted as f64 / wall.max(1e-9);
-    (workers, Round { rate, latencies })
+    (
+        workers,
+        Round {
+            rate,
+            counted,
+            latencies,
+        },
+    )
 }
 
 /// Writes every worker's keys, concurrently.
@@ -150,15 +162,36 @@ pub(crate) fn interleaved<A: Worker, B: Worker>(
     tasks: usize,
     op: Op,
 ) -> (Summary, Summary) {
+    let ((a, _), (b, _)) = interleaved_metered(rt, calm, raw, tasks, op, || async { 0 });
+    (a, b)
+}
+
+/// As [`interleaved`], reading `meter` (a server's own count of the
+/// requests it served, say) just before and just after every measured
+/// round; also returns how much each side's rounds moved it in all.
+pub(crate) fn interleaved_metered<A: Worker, B: Worker, M, F>(
+    rt: &Runtime,
+    calm: &mut Vec<A>,
+    raw: &mut Vec<B>,
+    tasks: usize,
+    op: Op,
+    mut meter: M,
+) -> ((Summary, u64), (Summary, u64))
+where
+    M: FnMut() -> F,
+    F: Future<Output = u64>,
+{
     let a: Vec<A> = calm.drain(..tasks).collect();
     let b: Vec<B> = raw.drain(..tasks).collect();
-    let (a, b, ra, rb) = rt.block_on(async move {
+    let (a, b, ra, rb, used) = rt.block_on(async move {
         let mut a = round(a, op, WARM_UP).await.0;
         let mut b = round(b, op, WARM_UP).await.0;
         let (mut ra, mut rb) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+        let mut used = [0u64; 2];
         for i in 0..ROUNDS {
             // 0 is calm, 1 the raw side.
             for side in [i % 2, 1 - i % 2] {
+                let before = meter().await;
                 if side == 0 {
                     let (w, r) = round(a, op, ROUND).await;
                     a = w;
@@ -168,24 +201,27 @@ pub(crate) fn interleaved<A: Worker, B: Worker>(
                     b = w;
                     rb.push(r);
                 }
+                used[side] += meter().await - before;
             }
         }
-        (a, b, ra, rb)
+        (a, b, ra, rb, used)
     });
     calm.splice(0..0, a);
     raw.splice(0..0, b);
-    (summarise(ra), summarise(rb))
+    ((summarise(ra), used[0]), (summarise(rb), used[1]))
 }
 
 fn summarise(rounds: Vec<Round>) -> Summary {
     let mut rates: Vec<f64> = rounds.iter().map(|r| r.rate).collect();
     rates.sort_by(f64::total_cmp);
+    let counted = rounds.iter().map(|r| r.counted).sum();
     let mut lat: Vec<u32> = rounds.into_iter().flat_map(|r| r.latencies).collect();
     lat.sort_unstable();
     Summary {
         rate: rates[rates.len() / 2],
         p50: percentile(&lat, 0.50),
         p99: percentile(&lat, 0.99),
+        counted,
     }
 }
 

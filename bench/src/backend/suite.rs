@@ -82,7 +82,7 @@ pub fn run() -> Vec<Row> {
 
 /// The runtime every comparison runs on: two workers, the machine's two
 /// cores, which the servers share.
-fn runtime() -> Runtime {
+pub(crate) fn runtime() -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
