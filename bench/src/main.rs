@@ -3,6 +3,8 @@
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
 //! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
 //! `fence` (only the backend suite's fenced-transaction rows),
+//! `partition` (a single writer per key against locks, and the partition
+//! log against its raw transactions),
 //! `text` (the filter picks traces whose name contains it); `report` runs
 //! them all and writes `BENCHMARKS.md`.
 
@@ -13,6 +15,7 @@ mod coord;
 mod crdt;
 mod harness;
 mod occ;
+mod partition;
 mod report;
 mod rng;
 mod text;
@@ -30,11 +33,12 @@ fn main() {
         "adapt" => adapt::run(),
         "backend" => backend::run(),
         "fence" => backend::run_fence(),
+        "partition" => partition::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(),
         other => {
             eprintln!(
-                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, text; or report"
+                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, partition, text; or report"
             );
             std::process::exit(2);
         }
