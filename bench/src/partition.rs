@@ -53,7 +53,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -321,17 +321,22 @@ fn contender<P: Peer>(name: &'static str, peer: P, keys: &Arc<Keys>) -> Contende
 /// [`CLIENTS`] tasks run commands on `peer` back to back for `length`;
 /// returns the rate and latencies, and how many commands finished.
 async fn round<P: Peer>(peer: Arc<P>, keys: Arc<Keys>, length: Duration) -> (Round, u64) {
-    // All clients start together; the wall time runs from the first start
-    // to the last finish, so a command in flight at the deadline counts.
+    // All clients start together and stop at one deadline (a client whose
+    // commands never suspend holds its worker thread until then, and the
+    // others on that thread start late: they must not get a round of
+    // their own). The wall time runs from the first start to the last
+    // finish, so a command in flight at the deadline counts.
     let barrier = Arc::new(Barrier::new(CLIENTS));
+    let deadline = Arc::new(OnceLock::new());
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (peer, keys, barrier) = (Arc::clone(&peer), Arc::clone(&keys), Arc::clone(&barrier));
+            let (peer, keys) = (Arc::clone(&peer), Arc::clone(&keys));
+            let (barrier, deadline) = (Arc::clone(&barrier), Arc::clone(&deadline));
             tokio::spawn(async move {
                 let mut rng = Rng::new(0x9e37_79b9 + c as u64);
                 barrier.wait().await;
                 let start = Instant::now();
-                let deadline = start + length;
+                let deadline = *deadline.get_or_init(|| start + length);
                 let mut latencies = Vec::with_capacity(4096);
                 loop {
                     let t = Instant::now();
