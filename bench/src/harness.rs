@@ -308,7 +308,13 @@ pub fn percentile(sorted: &[u32], q: f64) -> f64 {
 }
 
 /// A throughput row with the latency p50 and p99 of each side.
-pub fn throughput_row_of(workload: &str, metric: String, peer: &str, a: Summary, b: Summary) -> Row {
+pub fn throughput_row_of(
+    workload: &str,
+    metric: String,
+    peer: &str,
+    a: Summary,
+    b: Summary,
+) -> Row {
     let figure = |s: Summary| Figure::Throughput {
         per_op: 1.0 / s.rate,
         latency: Some((s.p50, s.p99)),

@@ -53,16 +53,14 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use calm::coord::{Lease, Ownership};
 use calm::occ::Version;
 use calm::partition::{Command, Completion, PartitionLog, Rejected, SerialExecutor};
-use calm::store::{
-    Compare, CompareOp, MemoryStore, PutOptions, Store, Txn, TxnOp, WriteOutcome,
-};
+use calm::store::{Compare, CompareOp, MemoryStore, PutOptions, Store, Txn, TxnOp, WriteOutcome};
 use dashmap::DashMap;
 use tokio::sync::{Barrier, mpsc, oneshot};
 
@@ -264,8 +262,12 @@ impl Actors {
 impl Peer for Actors {
     async fn command(&self, key: u64) {
         let found = self.senders.get(&key).map(|s| s.clone());
-        let tx =
-            found.unwrap_or_else(|| self.senders.entry(key).or_insert_with(|| self.start(key)).clone());
+        let tx = found.unwrap_or_else(|| {
+            self.senders
+                .entry(key)
+                .or_insert_with(|| self.start(key))
+                .clone()
+        });
         let (reply, done) = oneshot::channel();
         tx.send(reply).await.expect("the actor runs");
         done.await.expect("the actor replied");
@@ -289,7 +291,11 @@ impl Peer for GlobalMutex {
     }
 
     fn total(&self) -> u64 {
-        self.0.try_lock().expect("no command running").values().sum()
+        self.0
+            .try_lock()
+            .expect("no command running")
+            .values()
+            .sum()
     }
 }
 
@@ -540,7 +546,12 @@ fn log_row(pass: usize) -> Row {
         group.join("m", &lease).await.expect("join");
         (group.view().await.expect("view"), lease)
     });
-    let effect = |c: &Command| vec![TxnOp::put(&[b"bench/effects/".as_slice(), &c.key].concat(), &c.payload)];
+    let effect = |c: &Command| {
+        vec![TxnOp::put(
+            &[b"bench/effects/".as_slice(), &c.key].concat(),
+            &c.payload,
+        )]
+    };
     let mut appended = 0u64;
     // One run is one command: `n` runs are `n` commands rounded up to
     // whole passes, and the time is scaled back to `n`.
@@ -589,10 +600,17 @@ fn log_row(pass: usize) -> Row {
             for (entry, value, revision) in entries {
                 let txn = Txn::new()
                     .when(Compare::value(fence_key, CompareOp::Less, &bound))
-                    .when(Compare::mod_revision(progress_key, CompareOp::Equal, progress_rev))
+                    .when(Compare::mod_revision(
+                        progress_key,
+                        CompareOp::Equal,
+                        progress_rev,
+                    ))
                     .when(Compare::create_revision(&entry, CompareOp::Equal, revision))
                     .then(TxnOp::put(fence_key, &token))
-                    .then(TxnOp::put(&[b"bench/raw/effects/".as_slice(), &value].concat(), &value))
+                    .then(TxnOp::put(
+                        &[b"bench/raw/effects/".as_slice(), &value].concat(),
+                        &value,
+                    ))
                     .then(TxnOp::put(progress_key, &revision.get().to_be_bytes()))
                     .then(TxnOp::delete(&entry))
                     .otherwise(TxnOp::get(fence_key));
@@ -616,7 +634,12 @@ fn log_row(pass: usize) -> Row {
     );
     // Nothing left waiting on either side.
     assert!(now(log.pending(0)).expect("pending").is_empty());
-    assert!(now(store.range(b"bench/raw/log/", None)).expect("range").kvs.is_empty());
+    assert!(
+        now(store.range(b"bench/raw/log/", None))
+            .expect("range")
+            .kvs
+            .is_empty()
+    );
     drop(lease);
     row
 }
