@@ -299,12 +299,15 @@ impl Peer for GlobalMutex {
     }
 }
 
+/// A round in flight: its rate and latencies, and the commands finished.
+type RoundFuture = Pin<Box<dyn Future<Output = (Round, u64)> + Send>>;
+
 /// One side of a comparison, its peer type erased per round (not per
 /// command).
 struct Contender {
     name: &'static str,
     /// Runs one round of the given length.
-    round: Box<dyn Fn(Duration) -> Pin<Box<dyn Future<Output = (Round, u64)> + Send>>>,
+    round: Box<dyn Fn(Duration) -> RoundFuture>,
     /// The peer's counters, summed.
     total: Box<dyn Fn() -> u64>,
     /// Commands its clients finished, over every round.
