@@ -267,3 +267,72 @@ pub fn on_threads(threads: usize, n: usize, op: impl Fn() + Sync) -> Duration {
     });
     start.elapsed()
 }
+
+/// What one side measured over its rounds of one throughput comparison.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    /// Counted operations per second, median over the rounds.
+    pub rate: f64,
+    /// Per-operation latency in seconds, p50 over every round's samples.
+    pub p50: f64,
+    /// Per-operation latency in seconds, p99 over every round's samples.
+    pub p99: f64,
+    /// Counted operations over every measured round.
+    pub counted: u64,
+}
+
+/// What one round of a throughput comparison measured.
+pub struct Round {
+    /// Counted operations per second of wall time.
+    pub rate: f64,
+    /// Counted operations.
+    pub counted: u64,
+    /// Every operation's latency, in nanoseconds.
+    pub latencies: Vec<u32>,
+}
+
+/// The median rate of `rounds` and the latency quantiles over all their
+/// samples.
+pub fn summarise(rounds: Vec<Round>) -> Summary {
+    let mut rates: Vec<f64> = rounds.iter().map(|r| r.rate).collect();
+    rates.sort_by(f64::total_cmp);
+    let counted = rounds.iter().map(|r| r.counted).sum();
+    let mut lat: Vec<u32> = rounds.into_iter().flat_map(|r| r.latencies).collect();
+    lat.sort_unstable();
+    Summary {
+        rate: rates[rates.len() / 2],
+        p50: percentile(&lat, 0.50),
+        p99: percentile(&lat, 0.99),
+        counted,
+    }
+}
+
+/// The `q` quantile of sorted nanoseconds, in seconds (0 when empty).
+pub fn percentile(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    f64::from(sorted[i]) * 1e-9
+}
+
+/// A throughput row with the latency p50 and p99 of each side.
+pub fn throughput_row_of(
+    workload: &str,
+    metric: String,
+    peer: &str,
+    a: Summary,
+    b: Summary,
+) -> Row {
+    let figure = |s: Summary| Figure::Throughput {
+        per_op: 1.0 / s.rate,
+        latency: Some((s.p50, s.p99)),
+    };
+    Row {
+        workload: workload.into(),
+        metric,
+        peer: peer.into(),
+        ours: figure(a),
+        theirs: figure(b),
+    }
+}

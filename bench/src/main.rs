@@ -4,6 +4,8 @@
 //! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
 //! `fence` (only the backend suite's fenced-transaction rows), `redis`
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
+//! `partition` (a single writer per key against locks, and the partition
+//! log against its raw transactions),
 //! `text` (the filter picks traces whose name contains it); `report` runs
 //! them all and writes `BENCHMARKS.md`.
 
@@ -14,6 +16,7 @@ mod coord;
 mod crdt;
 mod harness;
 mod occ;
+mod partition;
 mod redis;
 mod report;
 mod rng;
@@ -32,12 +35,13 @@ fn main() {
         "adapt" => adapt::run(),
         "backend" => backend::run(),
         "fence" => backend::run_fence(),
+        "partition" => partition::run(),
         "redis" => redis::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(),
         other => {
             eprintln!(
-                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, redis, text; or report"
+                "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, partition, redis, text; or report"
             );
             std::process::exit(2);
         }

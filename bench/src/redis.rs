@@ -47,8 +47,8 @@ use calm::testing::servers::RedisServer;
 use redis::aio::ConnectionManager;
 use tokio::runtime::Runtime;
 
-use crate::backend::{Op, Summary, Worker, interleaved_metered, runtime, throughput_row_of};
-use crate::harness::{Figure, Row, time_row};
+use crate::backend::{Op, Worker, interleaved_metered, runtime};
+use crate::harness::{Figure, Row, Summary, throughput_row_of, time_row};
 use crate::rng::Rng;
 
 /// The locks' time to live: far longer than any hold, so no key expires

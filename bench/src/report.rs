@@ -79,6 +79,10 @@ pub fn run() -> Vec<Row> {
         ("CRDTs against `crdts`", "crdt"),
         ("Optimistic concurrency against locks and maps", "occ"),
         ("Coordination", "coord"),
+        (
+            "A single writer per key against locks; the partition log",
+            "partition",
+        ),
         ("Adapters", "adapt"),
         (
             "Backends against their raw clients, on real servers",
@@ -95,6 +99,7 @@ pub fn run() -> Vec<Row> {
             "crdt" => crate::crdt::run(),
             "occ" => crate::occ::run(),
             "coord" => crate::coord::run(),
+            "partition" => crate::partition::run(),
             "adapt" => crate::adapt::run(),
             "backend" => {
                 let (rows, points) = crate::backend::run_with_scaling();

@@ -14,7 +14,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::load::interleaved;
 use super::{Op, Worker};
-use crate::harness::Row;
+use crate::harness::{Row, throughput_row_of};
 
 /// The tables: one account row per task, and the fence table.
 const SETUP: &str = "CREATE TABLE IF NOT EXISTS fence_accounts \
@@ -128,7 +128,7 @@ pub(crate) fn rows(rt: &Runtime, url: &str) -> Vec<Row> {
             // The admission awaited before the update: one round trip more.
             let mut sequential = AccountWriter::many(rt, url, 1, Some(name), false);
             let (a, b) = interleaved(rt, &mut sequential, &mut plain, 1, Op::Put);
-            rows.push(super::suite::throughput_row_of(
+            rows.push(throughput_row_of(
                 "PostgreSQL, the user's table",
                 "fenced UPDATE transaction, admission awaited first, 1 writer".to_owned(),
                 "the same transaction unfenced",
@@ -143,7 +143,7 @@ pub(crate) fn rows(rt: &Runtime, url: &str) -> Vec<Row> {
                 a.rate, b.rate
             );
             let plural = if tasks == 1 { "" } else { "s" };
-            rows.push(super::suite::throughput_row_of(
+            rows.push(throughput_row_of(
                 "PostgreSQL, the user's table",
                 format!("fenced UPDATE transaction, admission pipelined, {tasks} writer{plural}, {label}"),
                 "the same transaction unfenced",

@@ -12,6 +12,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
 use super::{Op, Probe, Stamps, Worker};
+use crate::harness::{Round, Summary, percentile, summarise};
 
 /// Task counts of the scaling rows.
 pub(crate) const TASKS: [usize; 4] = [1, 4, 16, 64];
@@ -51,29 +52,6 @@ pub(crate) fn keys(task: usize) -> Vec<Vec<u8>> {
 pub(crate) const CONTENDED_KEY: &[u8] = b"bench/contended";
 /// The key the watch-latency probes write.
 pub(crate) const WATCH_KEY: &[u8] = b"bench/watched";
-
-/// What one side measured over its rounds of one comparison.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Summary {
-    /// Counted operations per second, median over the rounds.
-    pub(crate) rate: f64,
-    /// Per-operation latency in seconds, p50 over every round's samples.
-    pub(crate) p50: f64,
-    /// Per-operation latency in seconds, p99 over every round's samples.
-    pub(crate) p99: f64,
-    /// Counted operations over every measured round.
-    pub(crate) counted: u64,
-}
-
-/// What one round measured.
-struct Round {
-    /// Counted operations per second of wall time.
-    rate: f64,
-    /// Counted operations.
-    counted: u64,
-    /// Every operation's latency, in nanoseconds.
-    latencies: Vec<u32>,
-}
 
 /// Runs `op` on every worker, each in its own task, back to back until
 /// `length` has passed; gives the workers back.
@@ -209,29 +187,6 @@ where
     calm.splice(0..0, a);
     raw.splice(0..0, b);
     ((summarise(ra), used[0]), (summarise(rb), used[1]))
-}
-
-fn summarise(rounds: Vec<Round>) -> Summary {
-    let mut rates: Vec<f64> = rounds.iter().map(|r| r.rate).collect();
-    rates.sort_by(f64::total_cmp);
-    let counted = rounds.iter().map(|r| r.counted).sum();
-    let mut lat: Vec<u32> = rounds.into_iter().flat_map(|r| r.latencies).collect();
-    lat.sort_unstable();
-    Summary {
-        rate: rates[rates.len() / 2],
-        p50: percentile(&lat, 0.50),
-        p99: percentile(&lat, 0.99),
-        counted,
-    }
-}
-
-/// The `q` quantile of sorted nanoseconds, in seconds (0 when empty).
-fn percentile(sorted: &[u32], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    f64::from(sorted[i]) * 1e-9
 }
 
 /// Watch latencies of one side, in seconds.

@@ -68,8 +68,8 @@ mod suite;
 
 pub use suite::{ScalePoint, note, run, run_fence, run_with_scaling, scaling_table};
 // The closed-loop machinery, shared with the redis suite.
-pub(crate) use load::{Summary, interleaved_metered};
-pub(crate) use suite::{runtime, throughput_row_of};
+pub(crate) use load::interleaved_metered;
+pub(crate) use suite::runtime;
 
 /// An operation of a closed-loop round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

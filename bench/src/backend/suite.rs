@@ -11,11 +11,10 @@ use calm::testing::servers::{EtcdServer, PostgresServer};
 use tokio::runtime::Runtime;
 
 use super::load::{
-    CalmProbe, CalmWorker, MAX_TASKS, Summary, TASKS, WATCH_SAMPLES, interleaved, preload,
-    watch_latency,
+    CalmProbe, CalmWorker, MAX_TASKS, TASKS, WATCH_SAMPLES, interleaved, preload, watch_latency,
 };
 use super::{Op, Probe, Worker, etcd, fence, postgres};
-use crate::harness::{Figure, Row, time_row};
+use crate::harness::{Figure, Row, Summary, throughput_row_of, time_row};
 
 /// One point of the scaling plot: median throughputs of one operation at
 /// one task count.
@@ -212,27 +211,6 @@ fn throughput_row(labels: &Labels, metric: String, a: Summary, b: Summary, laten
         }
     }
     row
-}
-
-/// A throughput row with the latency p50 and p99 of each side.
-pub(crate) fn throughput_row_of(
-    workload: &str,
-    metric: String,
-    peer: &str,
-    a: Summary,
-    b: Summary,
-) -> Row {
-    let figure = |s: Summary| Figure::Throughput {
-        per_op: 1.0 / s.rate,
-        latency: Some((s.p50, s.p99)),
-    };
-    Row {
-        workload: workload.into(),
-        metric,
-        peer: peer.into(),
-        ours: figure(a),
-        theirs: figure(b),
-    }
 }
 
 /// The throughput of every operation at every task count, the one-task
