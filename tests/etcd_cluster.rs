@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use calm::backend::etcd::EtcdStore;
-use calm::store::{PutOptions, Store};
+
 use calm::testing::conformance::{check_history, record_history};
 use calm::testing::linearizability::KvOutput;
 use calm::testing::servers::{EtcdCluster, EtcdServer, ServerError, Signal, skip_or_fail};
@@ -140,18 +140,7 @@ async fn linearizable_through_leader_and_follower_faults() {
         history.len()
     );
     check_history(&history).unwrap();
-    let mut last = None;
-    for _ in 0..100 {
-        match store.put(b"after", b"ok", PutOptions::new()).await {
-            Ok(_) => {
-                last = None;
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(last.is_none(), "no recovery after the faults: {last:?}");
+    crate::server_faults::recovers(&store, b"after").await;
 }
 
 /// Two candidate processes campaign through the whole cluster; the leader

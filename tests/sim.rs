@@ -20,29 +20,9 @@ fn seeds() -> u64 {
 }
 
 /// Takes the lock, waits a little (work), writes its token to `data`
-/// with a plain put, lets go; again and again.
-async fn unfenced(p: Process) {
-    let store = p.store();
-    let lock = Lock::new(store.clone(), "lock/").unwrap();
-    loop {
-        let Ok(lease) = Lease::grant_with(store.clone(), p.lease_options(TTL)).await else {
-            continue;
-        };
-        if let Ok(guard) = lock.lock(&lease).await {
-            tokio::time::sleep(Duration::from_millis(p.random() % 300)).await;
-            p.checkpoint().await;
-            let token = guard.token().get();
-            let _ = store
-                .put(b"data", &token.to_be_bytes(), PutOptions::new())
-                .await;
-            let _ = guard.unlock().await;
-        }
-        tokio::time::sleep(Duration::from_millis(p.random() % 100)).await;
-    }
-}
-
-/// The same, with the write through a fence keyed by the lock's token.
-async fn fenced(p: Process) {
+/// (through a fence keyed by the lock's token if `fenced`, else with a
+/// plain put), lets go; again and again.
+async fn holder(p: Process, fenced: bool) {
     let store = p.store();
     let lock = Lock::new(store.clone(), "lock/").unwrap();
     let fence = StoreFence::new(store.clone(), b"fence".to_vec()).unwrap();
@@ -54,14 +34,27 @@ async fn fenced(p: Process) {
             tokio::time::sleep(Duration::from_millis(p.random() % 300)).await;
             p.checkpoint().await;
             let token = guard.token();
-            match fence.put(token, b"data", &token.get().to_be_bytes()).await {
-                Ok(_) | Err(CoordError::Fenced(_)) => {}
-                Err(e) => panic!("fenced write: {e}"),
+            let value = token.get().to_be_bytes();
+            if fenced {
+                match fence.put(token, b"data", &value).await {
+                    Ok(_) | Err(CoordError::Fenced(_)) => {}
+                    Err(e) => panic!("fenced write: {e}"),
+                }
+            } else {
+                let _ = store.put(b"data", &value, PutOptions::new()).await;
             }
             let _ = guard.unlock().await;
         }
         tokio::time::sleep(Duration::from_millis(p.random() % 100)).await;
     }
+}
+
+async fn unfenced(p: Process) {
+    holder(p, false).await;
+}
+
+async fn fenced(p: Process) {
+    holder(p, true).await;
 }
 
 /// The tokens written to `data`, in commit order, never go down (a
