@@ -1,7 +1,8 @@
 //! Side-by-side benchmarks of calm against its peers, reported as ratios.
 //!
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
-//! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers),
+//! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers; the
+//! filter `postgres` or `etcd` runs one),
 //! `fence` (only the backend suite's fenced-transaction rows), `redis`
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `partition` (a single writer per key against locks, and the partition
@@ -33,7 +34,7 @@ fn main() {
         "occ" => occ::run(),
         "coord" => coord::run(),
         "adapt" => adapt::run(),
-        "backend" => backend::run(),
+        "backend" => backend::run(std::env::args().nth(2).as_deref()),
         "fence" => backend::run_fence(),
         "partition" => partition::run(),
         "redis" => redis::run(),

@@ -102,7 +102,7 @@ pub fn run() -> Vec<Row> {
             "partition" => crate::partition::run(),
             "adapt" => crate::adapt::run(),
             "backend" => {
-                let (rows, points) = crate::backend::run_with_scaling();
+                let (rows, points) = crate::backend::run_with_scaling(None);
                 scaling = points;
                 rows
             }

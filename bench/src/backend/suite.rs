@@ -64,8 +64,8 @@ pub fn note() -> String {
 /// Runs the suite alone: the rows, a summary of the scaling on stderr, and
 /// the scaling plot under `target/calm-bench/` (the report draws it into
 /// `bench/plots/`).
-pub fn run() -> Vec<Row> {
-    let (rows, points) = run_with_scaling();
+pub fn run(only: Option<&str>) -> Vec<Row> {
+    let (rows, points) = run_with_scaling(only);
     eprintln!("{}", scaling_table(&points));
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/calm-bench");
     let path = dir.join("scaling-backend.svg");
@@ -101,18 +101,24 @@ pub fn run_fence() -> Vec<Row> {
     }
 }
 
-/// Runs every comparison on the servers that can be started; returns the
-/// rows and the scaling points.
-pub fn run_with_scaling() -> (Vec<Row>, Vec<ScalePoint>) {
+/// Runs every comparison on the servers that can be started (only those
+/// whose name, `postgres` or `etcd`, contains `only`); returns the rows and
+/// the scaling points.
+pub fn run_with_scaling(only: Option<&str>) -> (Vec<Row>, Vec<ScalePoint>) {
     let rt = runtime();
     let mut out = (Vec::new(), Vec::new());
-    match PostgresServer::start() {
-        Ok(server) => on_postgres(&rt, &server, &mut out),
-        Err(e) => eprintln!("backend: SKIPPED PostgreSQL: {e}"),
+    let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    if wanted("postgres") {
+        match PostgresServer::start() {
+            Ok(server) => on_postgres(&rt, &server, &mut out),
+            Err(e) => eprintln!("backend: SKIPPED PostgreSQL: {e}"),
+        }
     }
-    match EtcdServer::start() {
-        Ok(server) => on_etcd(&rt, &server, &mut out),
-        Err(e) => eprintln!("backend: SKIPPED etcd: {e}"),
+    if wanted("etcd") {
+        match EtcdServer::start() {
+            Ok(server) => on_etcd(&rt, &server, &mut out),
+            Err(e) => eprintln!("backend: SKIPPED etcd: {e}"),
+        }
     }
     out
 }

@@ -46,21 +46,25 @@ pub struct PostgresOptions {
     /// watch that falls further behind ends with
     /// [`StoreError::Compacted`].
     pub history: u64,
-    /// Tasks that send batches of writes; while one batch is on the wire
-    /// the next one gathers (see the [module docs](super)).
+    /// Tasks that send batches of writes (see the [module docs](super)).
+    /// One gathers everything that queued while its previous batch was
+    /// on the wire; more let a batch wait at the server for the lock while
+    /// the previous one commits, but split the queue into smaller
+    /// batches, each paying the call's fixed cost. One was the fastest at
+    /// 1–64 writing tasks measured on a 2-core machine.
     pub committers: usize,
 }
 
 impl PostgresOptions {
     /// Connects to `url`, schema `calm`, 8 pooled connections, 100,000
-    /// events of history, 2 committers.
+    /// events of history, 1 committer.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             schema: "calm".into(),
             pool_size: 8,
             history: 100_000,
-            committers: 2,
+            committers: 1,
         }
     }
 
