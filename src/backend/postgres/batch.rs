@@ -14,6 +14,7 @@
 //! dropped unsent: a cancelled write that never left the process never
 //! applies.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -25,7 +26,7 @@ use super::sql::Sql;
 use super::store::{kv_of_columns, query};
 use crate::occ::Version;
 use crate::store::{
-    Compare, CompareOp, CompareTarget, Expect, LeaseId, StoreError, TxnOp, TxnOpResult,
+    Compare, CompareOp, CompareTarget, Expect, KeyValue, LeaseId, StoreError, TxnOp, TxnOpResult,
 };
 
 /// The most requests in one call.
@@ -130,22 +131,93 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
         }
         // Single-key writes on distinct keys go in one call of their own;
         // the rest (transactions, later writes of a key already in it) in one
-        // general call after it, where compare-and-sets that lost to the
-        // first call's writes fail in the lock-free pre-check. All of them
-        // were pending together, so any order is a valid order.
+        // general call after it. All of them were pending together, so any
+        // order is a valid order.
         let mut keys = std::collections::HashSet::new();
-        let (singles, general): (Vec<Request>, Vec<Request>) = batch
+        let (singles, mut general): (Vec<Request>, Vec<Request>) = batch
             .into_iter()
             .partition(|r| r.single.is_some() && keys.insert(r.success[0].key().to_vec()));
         if !singles.is_empty() {
             let replies = run_keys(&pool, &sql, &singles).await;
+            let after = states_after(&singles, &replies);
             answer(singles, replies);
+            general = settle(general, &after);
         }
         if !general.is_empty() {
             let replies = run(&pool, &sql, &general).await;
             answer(general, replies);
         }
     }
+}
+
+/// Each key's state right after a call of single-key writes committed, as
+/// its replies tell it (keys whose reply does not are left out).
+fn states_after(
+    batch: &[Request],
+    replies: &Result<Vec<Result<Reply, StoreError>>, StoreError>,
+) -> HashMap<Vec<u8>, Option<KeyValue>> {
+    let Ok(replies) = replies else {
+        return HashMap::new();
+    };
+    let mut after = HashMap::with_capacity(batch.len());
+    for (request, reply) in batch.iter().zip(replies) {
+        let Ok(reply) = reply else { continue };
+        let state = match (&request.success[0], reply.results.first()) {
+            (TxnOp::Put { key, value, lease }, Some(TxnOpResult::Put { prev })) => {
+                Some(KeyValue::new(
+                    key.clone(),
+                    value.clone(),
+                    prev.as_ref().map_or(reply.revision, |p| p.create_revision),
+                    reply.revision,
+                    prev.as_ref().map_or(1, |p| p.writes.saturating_add(1)),
+                    *lease,
+                ))
+            }
+            (TxnOp::Delete { .. }, Some(TxnOpResult::Delete { .. })) => None,
+            (_, Some(TxnOpResult::Get { kv })) => kv.clone(),
+            _ => continue,
+        };
+        after.insert(request.success[0].key().to_vec(), state);
+    }
+    after
+}
+
+/// Answers the later single-key writes that the state `after` an earlier
+/// call already refuses, and returns the rest to be sent.
+///
+/// Such a write was queued before that call was sent, and its expectation
+/// (a version, or absence) fails on the state the call committed, so
+/// refusing it with that state is linearizable at the instant just after
+/// that commit, which lies within its wait. Writes sent in between cannot
+/// change that: the expected version was read before the write queued, so
+/// it is older than any revision still to come. Under one contended key
+/// this answers every loser of a batch without another statement.
+fn settle(requests: Vec<Request>, after: &HashMap<Vec<u8>, Option<KeyValue>>) -> Vec<Request> {
+    requests
+        .into_iter()
+        .filter_map(|r| {
+            let Some(expect) = r.single else {
+                return Some(r);
+            };
+            let Some(state) = after.get(r.success[0].key()) else {
+                return Some(r);
+            };
+            let refused = match (expect, state) {
+                (Expect::Version(v), state) => state.as_ref().is_none_or(|kv| kv.mod_revision != v),
+                (Expect::Absent, state) => state.is_some(),
+                (Expect::Any, _) => false,
+            };
+            if !refused {
+                return Some(r);
+            }
+            let _ = r.reply.send(Ok(Reply {
+                succeeded: false,
+                revision: state.as_ref().map_or(Version::ZERO, |kv| kv.mod_revision),
+                results: vec![TxnOpResult::Get { kv: state.clone() }],
+            }));
+            None
+        })
+        .collect()
 }
 
 /// Hands each request its reply, or every one the batch's failure.
