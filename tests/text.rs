@@ -553,3 +553,22 @@ fn extreme_counters_do_not_overflow() {
     let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");
     assert_eq!(back, a);
 }
+
+/// A document encoded before local inserts took the reference origins
+/// (the visible character before, the next item after, deleted or not)
+/// decodes to the text it had: ops carry their origins, and decoding
+/// integrates them as they were sent, never re-deriving them from
+/// positions. The same edits made today read ">A Xslow uickcatn fox".
+#[test]
+fn a_document_encoded_under_the_old_origin_rule_keeps_its_text() {
+    let bytes = include_bytes!("data/text_before_reference_origins.bin");
+    let text = include_str!("data/text_before_reference_origins.txt");
+    let doc: Text = codec::from_bytes(bytes).expect("an old document decodes");
+    assert_eq!(doc.to_string(), text);
+    assert_eq!(doc.to_string(), ">A Xuickslow catn fox");
+    assert_eq!(
+        codec::to_bytes(&doc),
+        bytes,
+        "and encodes to the same bytes"
+    );
+}

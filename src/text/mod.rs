@@ -32,8 +32,12 @@
 //!
 //! Every character ever inserted is an *item* with a global id (its
 //! replica and a counter, a [`Dot`](crate::causal::Dot)) and two
-//! *origins*: the items that were just left and just right of it when it
-//! was typed. Deleting a character marks its item deleted (a tombstone) but
+//! *origins*, fixed when it was typed: on the left the visible character
+//! before the cursor (or the start), on the right the item right after
+//! that one, deleted or not (or the end). Text typed where deleted text
+//! sits therefore goes before the tombstones, as in diamond-types, Yjs and
+//! Fugue, and a history made by any of them orders the same here (checked
+//! against diamond-types by the bench crate's `text_reference` test). Deleting a character marks its item deleted (a tombstone) but
 //! keeps it, so later edits that name it still find their place. Positions
 //! given to [`Text::insert`] and [`Text::delete`] are character positions
 //! (Unicode scalar values) in the visible text; see [`Text`] for UTF-8 and

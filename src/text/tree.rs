@@ -264,9 +264,12 @@ impl Tree {
     }
 
     /// Where a local insert at character `chars` (`<= len`) goes: right
-    /// after the visible character `chars - 1`, past any tombstones that
-    /// follow it in the same leaf, so the new text lands just before the
-    /// next visible character. Sets the cursor cache.
+    /// after the visible character `chars - 1` (or at the start), before
+    /// any tombstones that follow it. The new text's left origin is then
+    /// that visible character and its right origin the next item, deleted
+    /// or not: the rule of diamond-types, Yjs and Fugue, so a history
+    /// replayed from them orders text next to deletions as they do. Sets
+    /// the cursor cache.
     pub(crate) fn insert_point(&mut self, chars: usize) -> Pos {
         let (leaf, start) = if chars == 0 {
             (0, 0)
@@ -304,8 +307,11 @@ impl Tree {
                 offset = 0;
             }
         }
-        while i < runs.len() && offset == 0 && runs[i].deleted() {
-            i += 1;
+        // A scan started from the cache at exactly `want` may sit past
+        // tombstones that follow the visible character: step back over
+        // them.
+        while offset == 0 && i > 0 && runs[i - 1].deleted() {
+            i -= 1;
         }
         Pos {
             leaf,
