@@ -685,6 +685,13 @@ async fn keys_do_not_wait_for_each_other() {
     );
 
     let order = Arc::new(Mutex::new(Vec::new()));
+    // An async job first, so the closures below queue behind it on the
+    // key's drain task instead of running inline while idle.
+    drop(
+        serial
+            .submit("busy", async { tokio::task::yield_now().await })
+            .await,
+    );
     for i in 0..1000 {
         let order = order.clone();
         drop(
@@ -695,7 +702,10 @@ async fn keys_do_not_wait_for_each_other() {
     }
     let o = order.clone();
     let other = serial
-        .submit_fn("other", move || o.lock().expect("order").push(u32::MAX))
+        .submit(
+            "other",
+            async move { o.lock().expect("order").push(u32::MAX) },
+        )
         .await
         .expect("accepted");
     other.await.expect("ran");
@@ -787,5 +797,48 @@ fn types_are_send_and_sync() {
     assert_eq!(
         boxed.to_string(),
         "the executor is closed and accepts no more work"
+    );
+}
+
+/// A closure for an idle key runs at once, inside the submission; work
+/// submitted for the key while it runs (here, from inside it) queues
+/// behind it instead of running nested, and the key leaves nothing behind
+/// once drained.
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_keys_closure_runs_at_once_and_later_work_queues_behind_it() {
+    let serial = SerialExecutor::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (inner_serial, inner_log) = (serial.clone(), log.clone());
+    let first = serial
+        .submit_fn("k", move || {
+            let l = inner_log.clone();
+            let queued = inner_serial
+                .try_submit_fn("k", move || l.lock().expect("log").push(2))
+                .expect("queued behind the running closure");
+            inner_log.lock().expect("log").push(1);
+            queued
+        })
+        .await
+        .expect("accepted");
+    // Ran before the submission returned; the nested one waits for a
+    // drain task, which this current-thread runtime has not polled yet.
+    assert_eq!(*log.lock().expect("log"), vec![1]);
+    assert_eq!(serial.active_keys(), 1);
+    let queued = first.await.expect("ran");
+    queued.await.expect("ran");
+    assert_eq!(*log.lock().expect("log"), vec![1, 2]);
+    serial.idle().await;
+    assert_eq!(serial.active_keys(), 0);
+    // Idle again: the next closure runs inline too, and a panic in it is
+    // that submission's typed error, with the key still usable.
+    let panicked = serial.submit_fn("k", || -> u8 { panic!("boom") }).await;
+    assert!(matches!(
+        panicked.expect("accepted").await,
+        Err(SerialError::Panicked { .. })
+    ));
+    assert_eq!(serial.active_keys(), 0);
+    assert_eq!(
+        serial.submit_fn("k", || 7).await.expect("accepted").await,
+        Ok(7)
     );
 }
