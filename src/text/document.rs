@@ -5,50 +5,12 @@ use std::ops::Range;
 
 use super::error::TextError;
 use super::history::History;
-use super::integrate::Pending;
 use super::leaf::{Run, char_len};
-use super::op::{Content, Insertion, OpKind, Target, TextOp, push_target};
+use super::op::{Content, Insertion, OpKind, TextOp, push_targets};
+use super::pending::Pending;
 use super::tree::{Metrics, Tree};
 use super::{MAX_CHARS, NONE};
 use crate::causal::{Dot, ReplicaId};
-
-/// Appends the ids of items `lv .. lv + n` to `targets` (from the top down
-/// when `reversed`).
-pub(crate) fn push_targets(
-    history: &History,
-    hint: &mut usize,
-    targets: &mut Vec<Target>,
-    lv: u32,
-    n: u32,
-    reversed: bool,
-) {
-    let first = targets.len();
-    history.pieces(hint, lv, n, |e, lv, k| {
-        let entry = &history.inserts[e];
-        let start = Dot::new(
-            history.agents[entry.agent as usize].id,
-            entry.counter + u64::from(lv - entry.lv),
-        );
-        let t = Target {
-            start,
-            len: k,
-            reversed,
-        };
-        if reversed {
-            // Pieces come lowest first; a backward deletion lists them
-            // highest first. Collect them unjoined, then reverse and join.
-            targets.push(t);
-        } else {
-            push_target(targets, t);
-        }
-    });
-    if reversed {
-        let pieces: Vec<Target> = targets.drain(first..).rev().collect();
-        for t in pieces {
-            push_target(targets, t);
-        }
-    }
-}
 
 /// A collaborative plain-text document: a sequence CRDT of characters.
 ///
@@ -552,19 +514,8 @@ impl PartialEq for Text {
     /// in the same order with the same deletions, same text, same buffered
     /// ops. The replica ids of the two copies do not matter.
     fn eq(&self, other: &Self) -> bool {
-        let vv = |t: &Text| {
-            let mut v: Vec<(ReplicaId, u64)> = t
-                .history
-                .agents
-                .iter()
-                .filter(|a| a.known > 0)
-                .map(|a| (a.id, a.known))
-                .collect();
-            v.sort_unstable();
-            v
-        };
         self.tree.metrics() == other.tree.metrics()
-            && vv(self) == vv(other)
+            && self.history.known_versions() == other.history.known_versions()
             && self.pending == other.pending
             && self
                 .chunks()

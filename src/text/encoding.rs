@@ -238,14 +238,7 @@ impl Tagged for TextOp {
 
 impl Codec for Text {
     fn encode(&self, enc: &mut Encoder) {
-        let mut agents: Vec<(ReplicaId, u64)> = self
-            .history
-            .agents
-            .iter()
-            .filter(|a| a.known > 0)
-            .map(|a| (a.id, a.known))
-            .collect();
-        agents.sort_unstable();
+        let agents = self.history.known_versions();
         let table: Vec<ReplicaId> = agents.iter().map(|a| a.0).collect();
         codec::encode_seq(enc, table.len(), &table);
         for &(_, known) in &agents {

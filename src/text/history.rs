@@ -112,6 +112,20 @@ pub(crate) struct History {
 }
 
 impl History {
+    /// How many events of each replica are here, for every replica with
+    /// at least one, in ascending replica order (what equality and the
+    /// encoding compare and write).
+    pub(crate) fn known_versions(&self) -> Vec<(ReplicaId, u64)> {
+        let mut known: Vec<(ReplicaId, u64)> = self
+            .agents
+            .iter()
+            .filter(|a| a.known > 0)
+            .map(|a| (a.id, a.known))
+            .collect();
+        known.sort_unstable();
+        known
+    }
+
     /// The agent index of `id`, if it made any event here.
     pub(crate) fn agent(&self, id: ReplicaId) -> Option<u32> {
         self.by_id.get(&id).copied()

@@ -204,6 +204,7 @@ mod history;
 mod integrate;
 mod leaf;
 mod op;
+mod pending;
 mod tree;
 
 pub use document::{Chunks, Text};

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::MAX_ITEMS;
+use super::history::History;
 use super::leaf::char_len;
 use crate::causal::{Dot, ReplicaId};
 
@@ -479,6 +480,44 @@ pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
         reversed: t.reversed && t.len > 1,
         ..t
     });
+}
+
+/// Appends the ids of items `lv .. lv + n` to `targets` (from the top down
+/// when `reversed`).
+pub(crate) fn push_targets(
+    history: &History,
+    hint: &mut usize,
+    targets: &mut Vec<Target>,
+    lv: u32,
+    n: u32,
+    reversed: bool,
+) {
+    let first = targets.len();
+    history.pieces(hint, lv, n, |e, lv, k| {
+        let entry = &history.inserts[e];
+        let start = Dot::new(
+            history.agents[entry.agent as usize].id,
+            entry.counter + u64::from(lv - entry.lv),
+        );
+        let t = Target {
+            start,
+            len: k,
+            reversed,
+        };
+        if reversed {
+            // Pieces come lowest first; a backward deletion lists them
+            // highest first. Collect them unjoined, then reverse and join.
+            targets.push(t);
+        } else {
+            push_target(targets, t);
+        }
+    });
+    if reversed {
+        let pieces: Vec<Target> = targets.drain(first..).rev().collect();
+        for t in pieces {
+            push_target(targets, t);
+        }
+    }
 }
 
 impl fmt::Debug for TextOp {
