@@ -62,10 +62,16 @@
 //!   `apply` call: one lock hold, one commit (one WAL flush) and one round
 //!   trip for the batch, each request with its own compare result. Under
 //!   load, batches grow to what arrived during the previous batch, so the
-//!   cost per write falls as concurrency rises. Processes with their own
-//!   stores still take the lock in turn, one batch each. The price: a
-//!   single write waits for a task hop, and the SQL lives in server-side
-//!   functions that [`PostgresStore::migrate`] installs.
+//!   cost per write falls as concurrency rises. The committer yields once
+//!   before it gathers, so the callers its last batch answered queue their
+//!   next writes into this one. Within a batch, later compare-and-sets of
+//!   a key whose expectation the first call's committed state already
+//!   refuses are answered from that state with no statement of their own,
+//!   so the losers of a contended key cost nothing at the server.
+//!   Processes with their own stores still take the lock in turn, one
+//!   batch each. The price: a single write waits for a task hop, and the
+//!   SQL lives in server-side functions that [`PostgresStore::migrate`]
+//!   installs.
 //! - **Revisions from a sequence, no store-wide lock** (k3s' kine on
 //!   PostgreSQL): every write takes `nextval` and commits on its own, so
 //!   writes of different keys never wait for each other. But commits then
