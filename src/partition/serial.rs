@@ -310,17 +310,20 @@ where
     fn into_job(self) -> Job {
         let FnWork { work, tx } = self;
         Box::pin(async move {
-            // AssertUnwindSafe: the closure is consumed by the call, so
-            // nothing of it can be observed after a panic.
-            let outcome = catch_unwind(AssertUnwindSafe(work))
-                .map_err(|payload| SerialError::panicked(payload.as_ref()));
-            let _ = tx.send(outcome);
+            let _ = tx.send(call(work));
         })
     }
 
     fn into_inner(self) -> G {
         self.work
     }
+}
+
+/// Calls a synchronous piece of work, its panic caught as its outcome.
+fn call<G: FnOnce() -> T, T>(work: G) -> Outcome<T> {
+    // AssertUnwindSafe: the closure is consumed by the call, so nothing of
+    // it can be observed after a panic.
+    catch_unwind(AssertUnwindSafe(work)).map_err(|payload| SerialError::panicked(payload.as_ref()))
 }
 
 impl<K> SerialExecutor<K>
@@ -710,10 +713,7 @@ where
             armed: true,
         };
         let (tx, rx) = oneshot::channel();
-        let _ = tx.send(
-            catch_unwind(AssertUnwindSafe(work))
-                .map_err(|payload| SerialError::panicked(payload.as_ref())),
-        );
+        let _ = tx.send(call(work));
         if let Some(next) = drain.next_job() {
             runtime.spawn(drain.run(Some(next)));
         }
