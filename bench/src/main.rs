@@ -7,7 +7,8 @@
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `partition` (a single writer per key against locks, and the partition
 //! log against its raw transactions),
-//! `text` (the filter picks traces whose name contains it); `report` runs
+//! `text` (the traces, then the concurrent scenarios; the filter picks
+//! traces and scenarios whose name contains it, `B2` say); `report` runs
 //! them all and writes `BENCHMARKS.md`.
 
 mod adapt;
@@ -21,6 +22,7 @@ mod partition;
 mod redis;
 mod report;
 mod rng;
+mod scenarios;
 mod text;
 
 /// Every allocation is counted, for the heap figures of the `text` suite.

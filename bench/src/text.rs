@@ -578,7 +578,8 @@ fn crdt_rows<P: Crdt>(t: &Trace, rows: &mut Vec<Row>) {
     ));
 }
 
-/// Every row for every trace (or those whose name contains `filter`).
+/// Every row for every trace, then every concurrent scenario (or those
+/// whose name contains `filter`).
 pub fn run(filter: Option<&str>) -> Vec<Row> {
     let mut rows = Vec::new();
     for t in traces(filter) {
@@ -596,5 +597,6 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         replay_rows::<JumpRope>(&t, &mut rows);
         replay_rows::<Ropey>(&t, &mut rows);
     }
+    rows.extend(crate::scenarios::run(filter));
     rows
 }

@@ -79,6 +79,9 @@ fn session(seed: u64) -> (Vec<String>, Option<String>) {
     let mut steps = Vec::new();
     let letters = ['a', 'b', 'c', 'x', 'y', 'é', '😀'];
     let letter = |rng: &mut Rng| letters[rng.below(letters.len() as u64) as usize];
+    // Where each replica last typed backward, to carry on there (long
+    // backward runs, interleaved with syncs, make long chains of siblings).
+    let mut backward_at: Vec<Option<usize>> = vec![None; n];
     for _ in 0..4 + rng.below(24) {
         let r = rng.below(n as u64) as usize;
         let len = replicas[r].calm.len();
@@ -95,8 +98,12 @@ fn session(seed: u64) -> (Vec<String>, Option<String>) {
             }
             // Typing backward: each character before the previous one.
             25..=39 => {
-                let pos = rng.below(len as u64 + 1) as usize;
-                let count = 1 + rng.below(4) as usize;
+                let pos = match backward_at[r] {
+                    Some(at) if at <= len && rng.below(2) == 0 => at,
+                    _ => rng.below(len as u64 + 1) as usize,
+                };
+                backward_at[r] = Some(pos);
+                let count = 1 + rng.below(6) as usize;
                 let typed: String = (0..count).map(|_| letter(&mut rng)).collect();
                 for c in typed.chars() {
                     replicas[r].insert(pos, &c.to_string());

@@ -25,8 +25,9 @@
 //! deletes of one replica whose targets continue each other in either
 //! direction (forward delete, or backspace), as diamond-types does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
+use super::NONE;
 use crate::causal::ReplicaId;
 
 /// One burst of inserted characters (see the module docs).
@@ -109,6 +110,9 @@ pub(crate) struct History {
     pub(crate) inserts: Vec<InsertEntry>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
+    /// The end of the chain (see [`History::chain_end`]) of every entry's
+    /// first character that links to another, by local version.
+    chain_ends: HashMap<u32, u32>,
 }
 
 impl History {
@@ -183,6 +187,33 @@ impl History {
         (left, e.origin_right)
     }
 
+    /// The next character of `lv`'s chain: its right origin, if that has
+    /// the same left origin. Typing backward makes a chain (each keystroke
+    /// has the one before as its right origin, and all share their left
+    /// origin), and so do concurrent inserts at one place seen in turn.
+    fn chain_next(&self, lv: u32) -> Option<u32> {
+        let (left, right) = self.origins_of(lv);
+        (right != NONE && self.origins_of(right).0 == left).then_some(right)
+    }
+
+    /// The last character of the chain from `lv` (`lv` itself when it
+    /// links to nothing). Origins never change, so neither does a chain's
+    /// end: chains only grow at their start, by new characters that name
+    /// an old one as their right origin. The end is kept for each entry's
+    /// first character that links (a character inside an entry links only
+    /// to an entry's first character, whose end is kept), so this is a
+    /// lookup, not a walk.
+    pub(crate) fn chain_end(&self, lv: u32) -> u32 {
+        let first = self.inserts[self.entry_of(lv)].lv == lv;
+        if first {
+            return self.chain_ends.get(&lv).copied().unwrap_or(lv);
+        }
+        match self.chain_next(lv) {
+            Some(next) => self.chain_ends.get(&next).copied().unwrap_or(next),
+            None => lv,
+        }
+    }
+
     /// What the event `counter` of `id` is here.
     pub(crate) fn lookup(&self, id: ReplicaId, counter: u64) -> Lookup {
         let Some(a) = self.agent(id) else {
@@ -242,8 +273,14 @@ impl History {
                 origin_left,
                 origin_right,
             });
+            self.items += len;
+            if let Some(next) = self.chain_next(lv) {
+                let end = self.chain_end(next);
+                self.chain_ends.insert(lv, end);
+            }
+        } else {
+            self.items += len;
         }
-        self.items += len;
         self.agents[agent as usize].known = counter + u64::from(len) - 1;
         lv
     }
@@ -317,7 +354,6 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::text::NONE;
 
     /// Typing extends one entry; a jump starts another; lookups find both.
     #[test]
@@ -335,6 +371,30 @@ mod tests {
         assert_eq!(h.origins_of(4), (3, NONE));
         assert_eq!(h.origins_of(5), (0, 1));
         assert_eq!(h.id_of(5), (ReplicaId::new(1), 6));
+    }
+
+    /// Typing backward links each keystroke to the one before (its right
+    /// origin, with the same left origin), and every link knows the chain's
+    /// end; an insert elsewhere links to nothing.
+    #[test]
+    fn backward_typing_makes_one_chain() {
+        let mut h = History::default();
+        let a = h.intern(ReplicaId::new(1));
+        h.push_insert(a, 1, 2, NONE, NONE); // "xy", lv 0..2
+        // Typing "cba" backward between x and y: c, then b before c, then a.
+        h.push_insert(a, 3, 1, 0, 1); // c: lv 2
+        h.push_insert(a, 4, 1, 0, 2); // b: lv 3
+        h.push_insert(a, 5, 1, 0, 3); // a: lv 4
+        // c's right origin is y, whose left origin (inside the first entry)
+        // is x too: the chain a, b, c, y ends at y, which links to nothing
+        // (its right origin is the end), and neither does x.
+        for lv in 1..=4 {
+            assert_eq!(h.chain_end(lv), 1);
+        }
+        assert_eq!(h.chain_end(0), 0);
+        // Typing elsewhere (after y) links to nothing.
+        h.push_insert(a, 6, 1, 1, NONE); // z: lv 5
+        assert_eq!(h.chain_end(5), 5);
     }
 
     /// Backspaces join into one reversed entry, forward deletes into one

@@ -341,48 +341,33 @@ impl Text {
     /// inside the scanned stretch are descendants of something scanned and
     /// are skipped.
     ///
+    /// A sibling whose right origin is further left than ours starts a
+    /// chain of siblings (see [`History::chain_end`](super::history::History::chain_end)):
+    /// every item from it up to its right origin is skipped while scanning
+    /// (origins nest: nothing between an item and its right origin has a
+    /// left origin before the item's), and so is the next sibling of the
+    /// chain, whose right origin is further left still. When the chain ends
+    /// before `right`, the scan jumps to its end at once. This keeps
+    /// concurrent backward typing at one place linear: each keystroke of
+    /// one replica skips the other's whole run in one step instead of
+    /// walking it.
+    ///
     /// `left_pos` and `right_pos` are where the origins are (`None` for a
     /// document end).
     fn place(
-        &self,
+        &mut self,
         left: u32,
         left_pos: Option<Pos>,
         right: u32,
         right_pos: Option<Pos>,
         replica: ReplicaId,
     ) -> Pos {
-        let tree = &self.tree;
-        let mut cur = left_pos.map_or(tree.start(), |p| tree.after(p));
+        use std::cmp::Ordering::*;
+        let mut cur = left_pos.map_or(self.tree.start(), |p| self.tree.after(p));
         let mut dest = cur;
         let mut scanning = false;
-        // A position compared with a reference: `NONE` is the start for
-        // left origins and the end for right origins.
-        let cmp = |lv: u32, reference: u32, reference_pos: Option<Pos>, none_first: bool| {
-            use std::cmp::Ordering::*;
-            match (lv == NONE, reference == NONE) {
-                _ if lv == reference => Equal,
-                (true, _) => {
-                    if none_first {
-                        Less
-                    } else {
-                        Greater
-                    }
-                }
-                (false, true) => {
-                    if none_first {
-                        Greater
-                    } else {
-                        Less
-                    }
-                }
-                (false, false) => match (tree.locate(lv), reference_pos) {
-                    (Some(a), Some(b)) => tree.cmp(a, b),
-                    _ => Equal,
-                },
-            }
-        };
         loop {
-            let Some(p) = tree.normalize(cur) else {
+            let Some(p) = self.tree.normalize(cur) else {
                 if !scanning {
                     dest = cur;
                 }
@@ -391,25 +376,38 @@ impl Text {
             if !scanning {
                 dest = p;
             }
-            let run = tree.run_at(p).unwrap_or_else(|| Run::new(0, 1, true));
+            let run = self.tree.run_at(p).unwrap_or_else(|| Run::new(0, 1, true));
             let other = run.lv + p.offset;
             if other == right {
                 break;
             }
             let (oleft, oright) = self.history.origins_of(other);
-            match cmp(oleft, left, left_pos, true) {
-                std::cmp::Ordering::Less => break,
-                std::cmp::Ordering::Equal => match cmp(oright, right, right_pos, false) {
-                    std::cmp::Ordering::Less => scanning = true,
-                    std::cmp::Ordering::Equal => {
+            match self.order(oleft, left, left_pos, true) {
+                Less => break,
+                Equal => match self.order(oright, right, right_pos, false) {
+                    Less => {
+                        scanning = true;
+                        let end = self.history.chain_end(other);
+                        if end != other {
+                            if let Some(end_pos) = self.tree.locate_fresh(end) {
+                                let before_right =
+                                    right_pos.is_none_or(|r| self.tree.cmp(end_pos, r) == Less);
+                                if right == NONE || before_right {
+                                    cur = end_pos;
+                                    continue;
+                                }
+                            }
+                        }
+                    }
+                    Equal => {
                         if replica < self.history.id_of(other).0 {
                             break;
                         }
                         scanning = false;
                     }
-                    std::cmp::Ordering::Greater => scanning = false,
+                    Greater => scanning = false,
                 },
-                std::cmp::Ordering::Greater => {}
+                Greater => {}
             }
             // The rest of this run, up to the end of `other`'s insert entry,
             // are `other`'s descendants typed after it: skip them at once,
@@ -420,9 +418,32 @@ impl Text {
             if right != NONE && right > other && right - other < step {
                 step = right - other;
             }
-            cur = tree.advance(p, step);
+            cur = self.tree.advance(p, step);
         }
         dest
+    }
+
+    /// Document order of item `lv` against `reference` (at
+    /// `reference_pos`), where [`NONE`] is the document start when
+    /// `none_first` and its end otherwise.
+    fn order(
+        &mut self,
+        lv: u32,
+        reference: u32,
+        reference_pos: Option<Pos>,
+        none_first: bool,
+    ) -> std::cmp::Ordering {
+        use std::cmp::Ordering::*;
+        let none = if none_first { Less } else { Greater };
+        match (lv == NONE, reference == NONE) {
+            _ if lv == reference => Equal,
+            (true, _) => none,
+            (false, true) => none.reverse(),
+            (false, false) => match (self.tree.locate_fresh(lv), reference_pos) {
+                (Some(a), Some(b)) => self.tree.cmp(a, b),
+                _ => Equal,
+            },
+        }
     }
 
     /// Applies buffered ops until none can be, round-robin over replicas:

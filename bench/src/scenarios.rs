@@ -1,0 +1,208 @@
+//! Concurrent editing scenarios for `Text` against diamond-types: the
+//! B1–B3 family of dmonad's crdt-benchmarks, each at `n` and `4n`
+//! characters so growth shows.
+//!
+//! Every scenario is a set of users editing from the same empty document
+//! without seeing each other: B1 one user (no concurrency: appending,
+//! prepending, random inserts, random inserts and deletes), B2 two users
+//! doing the same concurrently, B3 twenty and √n users typing backward
+//! (each keystroke at the start, all at one place) or at random places.
+//! The timed step is **merge**: a replica with nothing receives every
+//! user's history as that library's update bytes, one user after another,
+//! and integrates it. Both libraries' merged texts are checked equal
+//! before anything is timed (they follow the same ordering rule).
+
+use calm::causal::{ReplicaId, VersionVector};
+use calm::text::Text;
+use calm::{DeltaMerge, Merge, codec};
+use diamond_types::list::ListCRDT;
+use diamond_types::list::encoding::ENCODE_PATCH;
+
+use crate::harness::{Figure, Row, Side, compare_rounds};
+use crate::rng::Rng;
+
+/// Rounds per side (a round of the largest scenario takes seconds).
+const ROUNDS: usize = 3;
+
+/// Where a user's edits go.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// Each character after the last.
+    Append,
+    /// Each character at the start (typing backward).
+    Prepend,
+    /// Each character at a random place.
+    RandomInsert,
+    /// A random insert, or (one time in three) a random one-character
+    /// delete.
+    RandomEdit,
+}
+
+/// A scenario: `users` users, each making its share of `n` edits.
+struct Scenario {
+    name: &'static str,
+    /// How many users, given `n`.
+    users: fn(usize) -> usize,
+    shape: Shape,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "B1.1 append, 1 user",
+        users: |_| 1,
+        shape: Shape::Append,
+    },
+    Scenario {
+        name: "B1.3 prepend, 1 user",
+        users: |_| 1,
+        shape: Shape::Prepend,
+    },
+    Scenario {
+        name: "B1.4 random inserts, 1 user",
+        users: |_| 1,
+        shape: Shape::RandomInsert,
+    },
+    Scenario {
+        name: "B1.7 random inserts and deletes, 1 user",
+        users: |_| 1,
+        shape: Shape::RandomEdit,
+    },
+    Scenario {
+        name: "B2 append, 2 users",
+        users: |_| 2,
+        shape: Shape::Append,
+    },
+    Scenario {
+        name: "B2 prepend, 2 users",
+        users: |_| 2,
+        shape: Shape::Prepend,
+    },
+    Scenario {
+        name: "B2 random inserts, 2 users",
+        users: |_| 2,
+        shape: Shape::RandomInsert,
+    },
+    Scenario {
+        name: "B2 random inserts and deletes, 2 users",
+        users: |_| 2,
+        shape: Shape::RandomEdit,
+    },
+    Scenario {
+        name: "B3 prepend, 20 users",
+        users: |_| 20,
+        shape: Shape::Prepend,
+    },
+    Scenario {
+        name: "B3 prepend, √n users",
+        users: |n| (n as f64).sqrt() as usize,
+        shape: Shape::Prepend,
+    },
+    Scenario {
+        name: "B3 random inserts, √n users",
+        users: |n| (n as f64).sqrt() as usize,
+        shape: Shape::RandomInsert,
+    },
+];
+
+/// The smaller size; every scenario also runs at four times it.
+const N: usize = 1_000;
+
+/// One user's document in both libraries.
+struct User {
+    calm: Text,
+    reference: ListCRDT,
+}
+
+/// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`.
+fn user(u: usize, edits: usize, shape: Shape, rng: &mut Rng) -> User {
+    let mut calm = Text::new(ReplicaId::new(u as u64 + 1));
+    let mut reference = ListCRDT::new();
+    let agent = reference.get_or_create_agent_id(&format!("{:04}", u + 1));
+    let mut len = 0usize;
+    for _ in 0..edits {
+        let delete = matches!(shape, Shape::RandomEdit) && len > 0 && rng.below(3) == 0;
+        if delete {
+            let at = rng.below(len as u64) as usize;
+            calm.delete(at..at + 1).expect("in range");
+            reference.delete_without_content(agent, at..at + 1);
+            len -= 1;
+            continue;
+        }
+        let at = match shape {
+            Shape::Append => len,
+            Shape::Prepend => 0,
+            Shape::RandomInsert | Shape::RandomEdit => rng.below(len as u64 + 1) as usize,
+        };
+        let c = char::from(b'a' + rng.below(26) as u8).to_string();
+        calm.insert(at, &c).expect("in range");
+        reference.insert(agent, at, &c);
+        len += 1;
+    }
+    User { calm, reference }
+}
+
+/// A fresh calm replica merging every history in turn.
+fn calm_merge(histories: &[Vec<u8>]) -> Text {
+    let mut doc = Text::new(ReplicaId::new(u64::MAX));
+    for h in histories {
+        let delta: Text = codec::from_bytes(h).expect("decodes");
+        doc.merge(&delta);
+    }
+    doc
+}
+
+/// A fresh diamond-types replica merging every history in turn.
+fn reference_merge(histories: &[Vec<u8>]) -> ListCRDT {
+    let mut doc = ListCRDT::new();
+    for h in histories {
+        doc.merge_data_and_ff(h).expect("merges");
+    }
+    doc
+}
+
+/// Every scenario at `N` and `4 N` (or those whose name contains
+/// `filter`), calm's merge against diamond-types'.
+pub fn run(filter: Option<&str>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for s in SCENARIOS {
+        if filter.is_some_and(|f| !s.name.contains(f)) {
+            continue;
+        }
+        for n in [N, 4 * N] {
+            let users = (s.users)(n);
+            let mut rng = Rng::new(n as u64 ^ 0xb1b2_b3);
+            let docs: Vec<User> = (0..users)
+                .map(|u| user(u, n / users, s.shape, &mut rng))
+                .collect();
+            let ours: Vec<Vec<u8>> = docs
+                .iter()
+                .map(|d| codec::to_bytes(&d.calm.delta(&VersionVector::new())))
+                .collect();
+            let theirs: Vec<Vec<u8>> = docs
+                .iter()
+                .map(|d| d.reference.oplog.encode(ENCODE_PATCH))
+                .collect();
+            let (a, b) = (calm_merge(&ours), reference_merge(&theirs));
+            assert_eq!(
+                a.to_string(),
+                b.branch.content().to_string(),
+                "{}: calm and diamond-types merged to different texts",
+                s.name
+            );
+            eprintln!("{}, n = {n}: {users} users", s.name);
+            let (a, b) = compare_rounds(
+                Side::batched(|| (), |()| calm_merge(&ours)),
+                Side::batched(|| (), |()| reference_merge(&theirs)),
+                ROUNDS,
+            );
+            rows.push(Row {
+                workload: format!("{}, n = {n}", s.name),
+                metric: "merge (scenario)".to_owned(),
+                peer: "diamond-types".to_owned(),
+                ours: Figure::Time(a),
+                theirs: Figure::Time(b),
+            });
+        }
+    }
+    rows
+}
