@@ -110,8 +110,8 @@ pub(crate) struct History {
     pub(crate) inserts: Vec<InsertEntry>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
-    /// The end of the chain (see [`History::chain_end`]) of every entry's
-    /// first character that links to another, by local version.
+    /// The end of the chain (see [`History::chain_end`]) of entries' first
+    /// characters that link to another, by local version, once found.
     chain_ends: HashMap<u32, u32>,
 }
 
@@ -198,20 +198,35 @@ impl History {
 
     /// The last character of the chain from `lv` (`lv` itself when it
     /// links to nothing). Origins never change, so neither does a chain's
-    /// end: chains only grow at their start, by new characters that name
-    /// an old one as their right origin. The end is kept for each entry's
-    /// first character that links (a character inside an entry links only
-    /// to an entry's first character, whose end is kept), so this is a
-    /// lookup, not a walk.
-    pub(crate) fn chain_end(&self, lv: u32) -> u32 {
-        let first = self.inserts[self.entry_of(lv)].lv == lv;
-        if first {
-            return self.chain_ends.get(&lv).copied().unwrap_or(lv);
+    /// end (chains only grow at their start, by new characters that name
+    /// an old one as their right origin): each end found is kept for the
+    /// entries' first characters on the way, so every link is walked once
+    /// in the document's life. A character inside an entry links only to
+    /// an entry's first character, so ends kept for those suffice.
+    pub(crate) fn chain_end(&mut self, lv: u32) -> u32 {
+        let mut walked = Vec::new();
+        let mut at = lv;
+        let end = loop {
+            let first = self.inserts[self.entry_of(at)].lv == at;
+            if first {
+                if let Some(&end) = self.chain_ends.get(&at) {
+                    break end;
+                }
+            }
+            match self.chain_next(at) {
+                None => break at,
+                Some(next) => {
+                    if first {
+                        walked.push(at);
+                    }
+                    at = next;
+                }
+            }
+        };
+        for first in walked {
+            self.chain_ends.insert(first, end);
         }
-        match self.chain_next(lv) {
-            Some(next) => self.chain_ends.get(&next).copied().unwrap_or(next),
-            None => lv,
-        }
+        end
     }
 
     /// What the event `counter` of `id` is here.
@@ -223,14 +238,24 @@ impl History {
         if counter == 0 || counter > agent.known {
             return Lookup::Unknown;
         }
-        // Remote ops mostly name characters of their replica's latest
-        // insert: try it before searching.
-        let i = match agent.inserts.last() {
-            Some(&e) if self.inserts[e as usize].counter <= counter => agent.inserts.len(),
-            _ => agent
-                .inserts
-                .partition_point(|&e| self.inserts[e as usize].counter <= counter),
-        };
+        // Remote ops mostly name recent characters of their replica:
+        // search back from its newest entry in growing steps, then bisect
+        // the bracket found (O(log distance), one step for the newest).
+        let counter_of = |i: usize| self.inserts[agent.inserts[i] as usize].counter;
+        let n = agent.inserts.len();
+        let (mut lo, mut hi, mut step) = (0, n, 1);
+        while step <= n {
+            let probe = n - step;
+            if counter_of(probe) <= counter {
+                lo = probe;
+                break;
+            }
+            hi = probe;
+            step *= 2;
+        }
+        let i = lo
+            + agent.inserts[lo..hi]
+                .partition_point(|&e| self.inserts[e as usize].counter <= counter);
         if i > 0 {
             let e = agent.inserts[i - 1] as usize;
             let entry = &self.inserts[e];
@@ -273,14 +298,8 @@ impl History {
                 origin_left,
                 origin_right,
             });
-            self.items += len;
-            if let Some(next) = self.chain_next(lv) {
-                let end = self.chain_end(next);
-                self.chain_ends.insert(lv, end);
-            }
-        } else {
-            self.items += len;
         }
+        self.items += len;
         self.agents[agent as usize].known = counter + u64::from(len) - 1;
         lv
     }

@@ -223,13 +223,8 @@ impl Text {
                 if u64::from(self.history.items) + u64::from(ins.len) > MAX_CHARS {
                     return Err(TextError::TooLarge { max: MAX_CHARS });
                 }
-                let left_pos = (left != NONE)
-                    .then(|| self.tree.locate_fresh(left))
-                    .flatten();
-                let right_pos = (right != NONE)
-                    .then(|| self.tree.locate_fresh(right))
-                    .flatten();
-                let place = self.place(left, left_pos, right, right_pos, op.replica());
+                let left_pos = self.pos_of(left);
+                let place = self.place(left, left_pos, right, op.replica());
                 let agent = self.history.intern(op.replica());
                 let lv = self
                     .history
@@ -352,17 +347,14 @@ impl Text {
     /// one replica skips the other's whole run in one step instead of
     /// walking it.
     ///
-    /// `left_pos` and `right_pos` are where the origins are (`None` for a
-    /// document end).
-    fn place(
-        &mut self,
-        left: u32,
-        left_pos: Option<Pos>,
-        right: u32,
-        right_pos: Option<Pos>,
-        replica: ReplicaId,
-    ) -> Pos {
+    /// `left_pos` is where `left` is (`None` for the document start).
+    /// Where `right` is only matters once an item between the two is
+    /// met, so it is only looked up then: when nothing was inserted
+    /// between them concurrently (every op of a linear history), the
+    /// first item after `left` is `right` and the scan is over.
+    fn place(&mut self, left: u32, left_pos: Option<Pos>, right: u32, replica: ReplicaId) -> Pos {
         use std::cmp::Ordering::*;
+        let mut right_pos: Option<Option<Pos>> = None;
         let mut cur = left_pos.map_or(self.tree.start(), |p| self.tree.after(p));
         let mut dest = cur;
         let mut scanning = false;
@@ -384,29 +376,32 @@ impl Text {
             let (oleft, oright) = self.history.origins_of(other);
             match self.order(oleft, left, left_pos, true) {
                 Less => break,
-                Equal => match self.order(oright, right, right_pos, false) {
-                    Less => {
-                        scanning = true;
-                        let end = self.history.chain_end(other);
-                        if end != other {
-                            if let Some(end_pos) = self.tree.locate_fresh(end) {
-                                let before_right =
-                                    right_pos.is_none_or(|r| self.tree.cmp(end_pos, r) == Less);
-                                if right == NONE || before_right {
-                                    cur = end_pos;
-                                    continue;
+                Equal => {
+                    let right_pos = *right_pos.get_or_insert_with(|| self.pos_of(right));
+                    match self.order(oright, right, right_pos, false) {
+                        Less => {
+                            scanning = true;
+                            let end = self.history.chain_end(other);
+                            if end != other {
+                                if let Some(end_pos) = self.tree.locate_fresh(end) {
+                                    let before_right =
+                                        right_pos.is_none_or(|r| self.tree.cmp(end_pos, r) == Less);
+                                    if right == NONE || before_right {
+                                        cur = end_pos;
+                                        continue;
+                                    }
                                 }
                             }
                         }
-                    }
-                    Equal => {
-                        if replica < self.history.id_of(other).0 {
-                            break;
+                        Equal => {
+                            if replica < self.history.id_of(other).0 {
+                                break;
+                            }
+                            scanning = false;
                         }
-                        scanning = false;
+                        Greater => scanning = false,
                     }
-                    Greater => scanning = false,
-                },
+                }
                 Greater => {}
             }
             // The rest of this run, up to the end of `other`'s insert entry,
@@ -421,6 +416,11 @@ impl Text {
             cur = self.tree.advance(p, step);
         }
         dest
+    }
+
+    /// Where item `lv` is (`None` for [`NONE`], a document end).
+    fn pos_of(&mut self, lv: u32) -> Option<Pos> {
+        (lv != NONE).then(|| self.tree.locate_fresh(lv)).flatten()
     }
 
     /// Document order of item `lv` against `reference` (at

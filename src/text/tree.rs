@@ -158,6 +158,10 @@ pub(crate) struct Tree {
     /// Where the last local edit was; cleared by any change that could
     /// move that leaf's start.
     pub(super) cursor: Option<Cursor>,
+    /// The leaf [`Tree::locate_fresh`] found its last item in, or
+    /// [`NONE`]. Leaves are never removed, so it is always a leaf; a hint,
+    /// tried first.
+    last_found: u32,
 }
 
 /// The cursor cache (see the module docs): a leaf, where it starts, and a
@@ -184,6 +188,7 @@ impl Default for Tree {
             index: BTreeMap::new(),
             total: Metrics::default(),
             cursor: None,
+            last_found: NONE,
         }
     }
 }
@@ -390,22 +395,7 @@ impl Tree {
         let mut leaf = first;
         let mut hops = 0;
         while leaf != NONE {
-            let runs = &self.leaves[leaf as usize].runs;
-            // A tight search first (one wrapping compare per run); the
-            // characters before the hit are only summed once it is found.
-            if let Some(i) = runs.iter().position(|r| lv.wrapping_sub(r.lv) < r.len()) {
-                let r = runs[i];
-                let offset = lv - r.lv;
-                let mut chars: usize = runs[..i].iter().map(|r| r.visible() as usize).sum();
-                if !r.deleted() {
-                    chars += offset as usize;
-                }
-                let pos = Pos {
-                    leaf,
-                    run: i,
-                    offset,
-                    chars,
-                };
+            if let Some(pos) = self.find_in(leaf, lv) {
                 return Some((pos, hops));
             }
             leaf = self.leaves[leaf as usize].next;
@@ -414,16 +404,44 @@ impl Tree {
         None
     }
 
-    /// As [`Tree::locate`], and when the walk was long, points the index
-    /// straight at the leaf found for the item's whole run, so the next
-    /// lookup of it (or its neighbours) walks no chain. A walk of one leaf
-    /// is cheaper than the index update, so short walks are left alone.
+    /// Where item `lv` is, if it is in `leaf`.
+    fn find_in(&self, leaf: u32, lv: u32) -> Option<Pos> {
+        let runs = &self.leaves[leaf as usize].runs;
+        // A tight search first (one wrapping compare per run); the
+        // characters before the hit are only summed once it is found.
+        let i = runs.iter().position(|r| lv.wrapping_sub(r.lv) < r.len())?;
+        let r = runs[i];
+        let offset = lv - r.lv;
+        let mut chars: usize = runs[..i].iter().map(|r| r.visible() as usize).sum();
+        if !r.deleted() {
+            chars += offset as usize;
+        }
+        Some(Pos {
+            leaf,
+            run: i,
+            offset,
+            chars,
+        })
+    }
+
+    /// As [`Tree::locate`], trying the leaf of the previous call first
+    /// (remote ops of one editing session name items near each other), and
+    /// when the walk from the index was long, pointing the index straight
+    /// at the leaf found for the item's whole run, so the next lookup of
+    /// it (or its neighbours) walks no chain. A walk of one leaf is cheaper
+    /// than the index update, so short walks are left alone.
     pub(crate) fn locate_fresh(&mut self, lv: u32) -> Option<Pos> {
+        if self.last_found != NONE {
+            if let Some(pos) = self.find_in(self.last_found, lv) {
+                return Some(pos);
+            }
+        }
         let (pos, hops) = self.locate_hops(lv)?;
         if hops > 1 {
             let run = self.leaves[pos.leaf as usize].runs[pos.run];
             self.index_move(run.lv, run.end(), pos.leaf);
         }
+        self.last_found = pos.leaf;
         Some(pos)
     }
 
