@@ -267,6 +267,8 @@ impl Codec for Text {
         let mut visible = 0usize;
         for (&r, &k) in table.iter().zip(&known) {
             let mut counter = 1;
+            // The op read before, to check ops are maximal.
+            let mut prev: Option<TextOp> = None;
             while counter <= k {
                 let offset = dec.offset();
                 let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
@@ -274,17 +276,38 @@ impl Codec for Text {
                 if op.is_empty() || op.end() - 1 > k {
                     return Err(invalid("op empty or past its replica's version"));
                 }
-                let queue = text.pending.by_replica.entry(r).or_default();
-                if queue.back().is_some_and(|p| p.joins(&op)) {
+                if prev.as_ref().is_some_and(|p| p.joins(&op)) {
                     return Err(invalid("ops not joined"));
                 }
                 counter = op.end();
                 if let OpKind::Insert(ins) = &op.kind {
                     visible += char_len(&ins.text);
                 }
-                // In counter order, not overlapping, not joinable: already
-                // in the buffer's normal form.
-                queue.push_back(op);
+                // An op whose dependencies are all here (every op of a
+                // document with one replica) is integrated at once; the
+                // others wait in the buffer, already in its normal form
+                // (in counter order, not overlapping, not joinable).
+                let waiting = text
+                    .pending
+                    .by_replica
+                    .get(&r)
+                    .is_some_and(|q| !q.is_empty());
+                if !waiting && op.id.counter() - 1 == text.history.known(r) {
+                    match text.try_integrate(&op) {
+                        Ok(true) => {
+                            prev = Some(op);
+                            continue;
+                        }
+                        Ok(false) => {}
+                        Err(_) => return Err(invalid("op that can never be integrated")),
+                    }
+                }
+                text.pending
+                    .by_replica
+                    .entry(r)
+                    .or_default()
+                    .push_back(op.clone());
+                prev = Some(op);
             }
         }
         text.drain();
