@@ -238,13 +238,18 @@ impl History {
         if counter == 0 || counter > agent.known {
             return Lookup::Unknown;
         }
-        // Remote ops mostly name recent characters of their replica:
-        // search back from its newest entry in growing steps, then bisect
-        // the bracket found (O(log distance), one step for the newest).
-        let counter_of = |i: usize| self.inserts[agent.inserts[i] as usize].counter;
+        // Remote ops mostly name recent characters of their replica: try
+        // its newest entries in growing steps back, then bisect the
+        // bracket found (or everything older). With a single replica its
+        // entries are all the entries, searched without the indirection.
         let n = agent.inserts.len();
+        let single = self.agents.len() == 1;
+        let counter_of = |i: usize| {
+            let e = if single { i } else { agent.inserts[i] as usize };
+            self.inserts[e].counter
+        };
         let (mut lo, mut hi, mut step) = (0, n, 1);
-        while step <= n {
+        while step <= n.min(16) {
             let probe = n - step;
             if counter_of(probe) <= counter {
                 lo = probe;
@@ -253,9 +258,12 @@ impl History {
             hi = probe;
             step *= 2;
         }
-        let i = lo
-            + agent.inserts[lo..hi]
-                .partition_point(|&e| self.inserts[e as usize].counter <= counter);
+        let i = if single {
+            lo + self.inserts[lo..hi].partition_point(|e| e.counter <= counter)
+        } else {
+            lo + agent.inserts[lo..hi]
+                .partition_point(|&e| self.inserts[e as usize].counter <= counter)
+        };
         if i > 0 {
             let e = agent.inserts[i - 1] as usize;
             let entry = &self.inserts[e];
