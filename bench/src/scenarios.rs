@@ -44,6 +44,10 @@ struct Scenario {
     /// How many users, given `n`.
     users: fn(usize) -> usize,
     shape: Shape,
+    /// Whether the users start from a shared document, where one more
+    /// user typed `n / 4` characters backward at the start (so they carry
+    /// on a backward run that all of them have seen).
+    shared: bool,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -51,56 +55,73 @@ const SCENARIOS: &[Scenario] = &[
         name: "B1.1 append, 1 user",
         users: |_| 1,
         shape: Shape::Append,
+        shared: false,
     },
     Scenario {
         name: "B1.3 prepend, 1 user",
         users: |_| 1,
         shape: Shape::Prepend,
+        shared: false,
     },
     Scenario {
         name: "B1.4 random inserts, 1 user",
         users: |_| 1,
         shape: Shape::RandomInsert,
+        shared: false,
     },
     Scenario {
         name: "B1.7 random inserts and deletes, 1 user",
         users: |_| 1,
         shape: Shape::RandomEdit,
+        shared: false,
     },
     Scenario {
         name: "B2 append, 2 users",
         users: |_| 2,
         shape: Shape::Append,
+        shared: false,
     },
     Scenario {
         name: "B2 prepend, 2 users",
         users: |_| 2,
         shape: Shape::Prepend,
+        shared: false,
     },
     Scenario {
         name: "B2 random inserts, 2 users",
         users: |_| 2,
         shape: Shape::RandomInsert,
+        shared: false,
     },
     Scenario {
         name: "B2 random inserts and deletes, 2 users",
         users: |_| 2,
         shape: Shape::RandomEdit,
+        shared: false,
+    },
+    Scenario {
+        name: "B2 prepend after a sync, 2 users",
+        users: |_| 2,
+        shape: Shape::Prepend,
+        shared: true,
     },
     Scenario {
         name: "B3 prepend, 20 users",
         users: |_| 20,
         shape: Shape::Prepend,
+        shared: false,
     },
     Scenario {
         name: "B3 prepend, √n users",
         users: |n| (n as f64).sqrt() as usize,
         shape: Shape::Prepend,
+        shared: false,
     },
     Scenario {
         name: "B3 random inserts, √n users",
         users: |n| (n as f64).sqrt() as usize,
         shape: Shape::RandomInsert,
+        shared: false,
     },
 ];
 
@@ -113,12 +134,19 @@ struct User {
     reference: ListCRDT,
 }
 
-/// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`.
-fn user(u: usize, edits: usize, shape: Shape, rng: &mut Rng) -> User {
+/// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`,
+/// on top of `base` when given.
+fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng) -> User {
     let mut calm = Text::new(ReplicaId::new(u as u64 + 1));
     let mut reference = ListCRDT::new();
     let agent = reference.get_or_create_agent_id(&format!("{:04}", u + 1));
-    let mut len = 0usize;
+    if let Some(base) = base {
+        calm.merge(&base.calm);
+        reference
+            .merge_data_and_ff(&base.reference.oplog.encode(ENCODE_PATCH))
+            .expect("merges");
+    }
+    let mut len = calm.len();
     for _ in 0..edits {
         let delete = matches!(shape, Shape::RandomEdit) && len > 0 && rng.below(3) == 0;
         if delete {
@@ -171,8 +199,11 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         for n in [N, 4 * N] {
             let users = (s.users)(n);
             let mut rng = Rng::new(n as u64 ^ 0xb1b2_b3);
+            let base = s
+                .shared
+                .then(|| user(users, None, n / 4, Shape::Prepend, &mut rng));
             let docs: Vec<User> = (0..users)
-                .map(|u| user(u, n / users, s.shape, &mut rng))
+                .map(|u| user(u, base.as_ref(), n / users, s.shape, &mut rng))
                 .collect();
             let ours: Vec<Vec<u8>> = docs
                 .iter()

@@ -110,6 +110,10 @@ pub(crate) struct History {
     pub(crate) inserts: Vec<InsertEntry>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
+    /// Jumps of `2^level` links along chains (see
+    /// [`History::chain_jump`]) from a character, by its local version and
+    /// the level, once found.
+    chain_jumps: HashMap<(u32, u8), u32>,
     /// The end of the chain (see [`History::chain_end`]) of entries' first
     /// characters that link to another, by local version, once found.
     chain_ends: HashMap<u32, u32>,
@@ -227,6 +231,30 @@ impl History {
             self.chain_ends.insert(first, end);
         }
         end
+    }
+
+    /// The character `2^level` links along the chain from `lv`, or
+    /// [`NONE`] past the chain's end (binary lifting: the scan that places
+    /// a remote insert finds the last link of a chain before a given place
+    /// in O(log n) jumps). Origins never change, so neither do chains
+    /// (they only grow at their start, by new characters naming an old one
+    /// as their right origin), and every jump of two or more links, once
+    /// found, is kept.
+    pub(crate) fn chain_jump(&mut self, lv: u32, level: u8) -> u32 {
+        if level == 0 {
+            return self.chain_next(lv).unwrap_or(NONE);
+        }
+        if let Some(&to) = self.chain_jumps.get(&(lv, level)) {
+            return to;
+        }
+        let half = self.chain_jump(lv, level - 1);
+        let to = if half == NONE {
+            NONE
+        } else {
+            self.chain_jump(half, level - 1)
+        };
+        self.chain_jumps.insert((lv, level), to);
+        to
     }
 
     /// What the event `counter` of `id` is here.
@@ -401,8 +429,8 @@ mod tests {
     }
 
     /// Typing backward links each keystroke to the one before (its right
-    /// origin, with the same left origin), and every link knows the chain's
-    /// end; an insert elsewhere links to nothing.
+    /// origin, with the same left origin); jumps along the chain land where
+    /// counting links says, and stop at its end.
     #[test]
     fn backward_typing_makes_one_chain() {
         let mut h = History::default();
@@ -413,15 +441,17 @@ mod tests {
         h.push_insert(a, 4, 1, 0, 2); // b: lv 3
         h.push_insert(a, 5, 1, 0, 3); // a: lv 4
         // c's right origin is y, whose left origin (inside the first entry)
-        // is x too: the chain a, b, c, y ends at y, which links to nothing
-        // (its right origin is the end), and neither does x.
-        for lv in 1..=4 {
-            assert_eq!(h.chain_end(lv), 1);
-        }
-        assert_eq!(h.chain_end(0), 0);
+        // is x too: the chain is a, b, c, y, and y links to nothing (its
+        // right origin is the end); nor does x.
+        assert_eq!(h.chain_jump(4, 0), 3);
+        assert_eq!(h.chain_jump(4, 1), 2);
+        assert_eq!(h.chain_jump(3, 1), 1);
+        assert_eq!(h.chain_jump(4, 2), NONE);
+        assert_eq!(h.chain_jump(1, 0), NONE);
+        assert_eq!(h.chain_jump(0, 0), NONE);
         // Typing elsewhere (after y) links to nothing.
         h.push_insert(a, 6, 1, 1, NONE); // z: lv 5
-        assert_eq!(h.chain_end(5), 5);
+        assert_eq!(h.chain_jump(5, 0), NONE);
     }
 
     /// Backspaces join into one reversed entry, forward deletes into one

@@ -504,23 +504,20 @@ impl Tree {
     /// Document order of two places (or items, by their places).
     pub(crate) fn cmp(&self, a: Pos, b: Pos) -> Ordering {
         if a.leaf != b.leaf {
-            return self.path(a.leaf).cmp(&self.path(b.leaf));
+            // Every leaf sits at the same depth: climb from both at once
+            // until they meet under one node, then their slots there decide.
+            let la = &self.leaves[a.leaf as usize];
+            let lb = &self.leaves[b.leaf as usize];
+            let (mut sa, mut pa) = (la.slot, la.parent);
+            let (mut sb, mut pb) = (lb.slot, lb.parent);
+            while pa != pb {
+                let (na, nb) = (&self.nodes[pa as usize], &self.nodes[pb as usize]);
+                (sa, pa) = (na.slot, na.parent);
+                (sb, pb) = (nb.slot, nb.parent);
+            }
+            return sa.cmp(&sb);
         }
         (a.run, a.offset).cmp(&(b.run, b.offset))
-    }
-
-    /// The slots from the root down to `leaf`, for ordering leaves.
-    fn path(&self, leaf: u32) -> Vec<u8> {
-        let mut path = Vec::with_capacity(8);
-        let l = &self.leaves[leaf as usize];
-        let (mut slot, mut parent) = (l.slot, l.parent);
-        while parent != NONE {
-            path.push(slot);
-            let node = &self.nodes[parent as usize];
-            (slot, parent) = (node.slot, node.parent);
-        }
-        path.reverse();
-        path
     }
 
     /// Inserts `run` (new local versions, never seen before) at `pos`, with
