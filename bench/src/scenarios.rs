@@ -198,7 +198,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         }
         for n in [N, 4 * N] {
             let users = (s.users)(n);
-            let mut rng = Rng::new(n as u64 ^ 0xb1b2_b3);
+            let mut rng = Rng::new(n as u64 ^ 0x00b1_b2b3);
             let base = s
                 .shared
                 .then(|| user(users, None, n / 4, Shape::Prepend, &mut rng));
