@@ -178,6 +178,9 @@ pub fn run() -> Vec<Row> {
         if let Some(table) = summary {
             let _ = writeln!(md, "{table}");
         }
+        if s.suite == "text" {
+            let _ = writeln!(md, "{}", crate::scenarios::growth_table(&s.rows));
+        }
         if s.suite == "backend" {
             let _ = writeln!(md, "{}\n", crate::backend::note());
         }
@@ -522,7 +525,7 @@ fn row_bars(rows: &[Row]) -> Vec<Bar> {
 fn text_summary(rows: &[Row]) -> (Vec<Bar>, String) {
     let mut metrics: Vec<&str> = Vec::new();
     let mut peers: Vec<&str> = Vec::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| !crate::scenarios::is_scenario(r)) {
         if !metrics.contains(&r.metric.as_str()) {
             metrics.push(&r.metric);
         }
@@ -533,7 +536,7 @@ fn text_summary(rows: &[Row]) -> (Vec<Bar>, String) {
     let summary = |metric: &str, peer: &str| -> Option<(f64, f64, f64)> {
         let ratios: Vec<f64> = rows
             .iter()
-            .filter(|r| r.metric == metric && r.peer == peer)
+            .filter(|r| r.metric == metric && r.peer == peer && !crate::scenarios::is_scenario(r))
             .map(Row::ratio)
             .filter(|x| x.is_finite() && *x > 0.0)
             .collect();

@@ -18,7 +18,7 @@ use calm::{DeltaMerge, Merge, codec};
 use diamond_types::list::ListCRDT;
 use diamond_types::list::encoding::ENCODE_PATCH;
 
-use crate::harness::{Figure, Row, Side, compare_rounds};
+use crate::harness::{Figure, Row, Side, compare_rounds, format_ratio};
 use crate::rng::Rng;
 
 /// Rounds per side (a round of the largest scenario takes seconds).
@@ -128,6 +128,48 @@ const SCENARIOS: &[Scenario] = &[
 /// The smaller size; every scenario also runs at four times it.
 const N: usize = 1_000;
 
+/// The metric of every scenario row.
+const METRIC: &str = "merge (scenario)";
+
+/// Whether `row` is a scenario's (not a trace's).
+pub fn is_scenario(row: &Row) -> bool {
+    row.metric == METRIC
+}
+
+/// The scenarios' merge times at `n` and `4n` for calm and diamond-types,
+/// with each side's growth (time at `4n` over time at `n`: 4 is linear,
+/// 16 quadratic), as a Markdown table.
+pub fn growth_table(rows: &[Row]) -> String {
+    let mut md = format!(
+        "Concurrent scenarios (merge, n = {N} and {}): growth is the time at 4n over the time at n (4 is linear, 16 quadratic).\n\n\
+         | scenario | calm, n | calm, 4n | calm growth | diamond-types, n | diamond-types, 4n | diamond-types growth | calm / diamond-types at 4n |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        4 * N
+    );
+    for s in SCENARIOS {
+        let find = |n: usize| {
+            rows.iter()
+                .find(|r| is_scenario(r) && r.workload == format!("{}, n = {n}", s.name))
+        };
+        let (Some(small), Some(large)) = (find(N), find(4 * N)) else {
+            continue;
+        };
+        let growth = |a: Figure, b: Figure| format!("{:.1}", b.value() / a.value());
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s.name,
+            small.ours,
+            large.ours,
+            growth(small.ours, large.ours),
+            small.theirs,
+            large.theirs,
+            growth(small.theirs, large.theirs),
+            format_ratio(large.ratio()),
+        ));
+    }
+    md
+}
+
 /// One user's document in both libraries.
 struct User {
     calm: Text,
@@ -228,7 +270,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
             );
             rows.push(Row {
                 workload: format!("{}, n = {n}", s.name),
-                metric: "merge (scenario)".to_owned(),
+                metric: METRIC.to_owned(),
                 peer: "diamond-types".to_owned(),
                 ours: Figure::Time(a),
                 theirs: Figure::Time(b),
@@ -236,4 +278,34 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         }
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table pairs each scenario's two sizes and divides them; trace
+    /// rows are not scenarios.
+    #[test]
+    fn growth_is_the_larger_time_over_the_smaller() {
+        let row = |n: usize, ours: f64, theirs: f64| Row {
+            workload: format!("B2 prepend, 2 users, n = {n}"),
+            metric: METRIC.to_owned(),
+            peer: "diamond-types".to_owned(),
+            ours: Figure::Time(ours),
+            theirs: Figure::Time(theirs),
+        };
+        let rows = vec![row(N, 1e-3, 1e-2), row(4 * N, 4e-3, 16e-2)];
+        let table = growth_table(&rows);
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("| B2 prepend, 2 users |"))
+            .expect("a line for the scenario");
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert_eq!(cells[4], "4.0");
+        assert_eq!(cells[7], "16.0");
+        let scenario_lines = table.lines().filter(|l| l.starts_with("| B")).count();
+        assert_eq!(scenario_lines, 1, "only scenarios with both sizes");
+        assert!(is_scenario(&rows[0]));
+    }
 }
