@@ -573,8 +573,15 @@ impl DeltaMerge for Text {
     }
 
     /// The edits a replica at `since` lacks, as a document that holds only
-    /// buffered ops (they name characters the delta itself does not hold).
+    /// buffered ops (they name characters the delta itself does not hold);
+    /// for a replica that has none of this document's events, the whole
+    /// document (it holds every character its ops name, so it encodes and
+    /// loads without buffering, and merging it into a blank replica is a
+    /// copy).
     fn delta(&self, since: &VersionVector) -> Self {
+        if self.history.agents.iter().all(|a| since.get(a.id) == 0) {
+            return self.clone();
+        }
         let mut delta = Text::new(self.replica);
         for op in self.ops_since(since) {
             delta.pending.push(op, 0);
