@@ -111,6 +111,14 @@ impl Text {
     pub(crate) fn ops_after(&self, since: impl Fn(ReplicaId) -> u64) -> Vec<TextOp> {
         let h = &self.history;
         let mut out: Vec<TextOp> = Vec::new();
+        // Reading most of the document: find items through a table of
+        // their leaves rather than the index.
+        let unsent: u64 = h
+            .agents
+            .iter()
+            .map(|a| a.known - since(a.id).min(a.known))
+            .sum();
+        let table = (unsent >= u64::from(h.items) / 4).then(|| self.tree.leaf_table(h.items));
         let mut agents: Vec<usize> = (0..h.agents.len()).collect();
         agents.sort_by_key(|&a| h.agents[a].id);
         for a in agents {
@@ -136,7 +144,7 @@ impl Text {
                         let e = agent.inserts[i] as usize;
                         i += 1;
                         let skip = from.saturating_sub(c - 1);
-                        self.insert_op(e, skip as u32)
+                        self.insert_op(table.as_deref(), e, skip as u32)
                     }
                     _ => {
                         let e = agent.deletes[d];
@@ -154,8 +162,9 @@ impl Text {
         out
     }
 
-    /// Insert entry `e` minus its first `skip` characters, as an op.
-    fn insert_op(&self, e: usize, skip: u32) -> TextOp {
+    /// Insert entry `e` minus its first `skip` characters, as an op
+    /// (`table` as for [`Tree::read`](super::tree::Tree::read)).
+    fn insert_op(&self, table: Option<&[u32]>, e: usize, skip: u32) -> TextOp {
         let h = &self.history;
         let entry = h.inserts[e];
         let lv = entry.lv + skip;
@@ -169,7 +178,7 @@ impl Text {
             hidden: Vec::new(),
         };
         let mut at = 0;
-        self.tree.read(lv, len, |piece| match piece {
+        self.tree.read(table, lv, len, |piece| match piece {
             Ok(s) => {
                 ins.text.push_str(s);
                 at += char_len(s) as u32;

@@ -404,6 +404,22 @@ impl Tree {
         None
     }
 
+    /// The leaf of every item `0 .. items`, by local version ([`NONE`] for
+    /// one the tree lacks), in one pass over the leaves: the index only
+    /// names the leaf an item was created in, and local edits never
+    /// re-point it, so reading the whole document through it would walk.
+    pub(crate) fn leaf_table(&self, items: u32) -> Vec<u32> {
+        let mut table = vec![NONE; items as usize];
+        for (i, leaf) in self.leaves.iter().enumerate() {
+            for r in &leaf.runs {
+                if let Some(slots) = table.get_mut(r.lv as usize..r.end() as usize) {
+                    slots.fill(i as u32);
+                }
+            }
+        }
+        table
+    }
+
     /// Where item `lv` is, if it is in `leaf`.
     fn find_in(&self, leaf: u32, lv: u32) -> Option<Pos> {
         let runs = &self.leaves[leaf as usize].runs;
@@ -737,15 +753,26 @@ impl Tree {
     /// Calls `visit` for each stretch of items `lv .. lv + n` in local
     /// version order: `Ok(text)` for visible items, `Err(count)` for
     /// deleted ones. Returns `false` if the tree lacks some item.
+    ///
+    /// `table`, from [`Tree::leaf_table`], finds each item's leaf without
+    /// the index (worth building when reading most of the document).
     pub(crate) fn read(
         &self,
+        table: Option<&[u32]>,
         mut lv: u32,
         n: u32,
         mut visit: impl FnMut(Result<&str, u32>),
     ) -> bool {
         let end = lv + n;
         while lv < end {
-            let Some(pos) = self.locate(lv) else {
+            let found = match table {
+                Some(t) => t
+                    .get(lv as usize)
+                    .filter(|&&leaf| leaf != NONE)
+                    .and_then(|&leaf| self.find_in(leaf, lv)),
+                None => self.locate(lv),
+            };
+            let Some(pos) = found else {
                 return false;
             };
             let leaf = &self.leaves[pos.leaf as usize];
