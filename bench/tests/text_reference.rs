@@ -29,12 +29,13 @@ struct Replica {
 }
 
 impl Replica {
-    /// Replica `i` (agent name `i + 1`, replica id `i + 1`: the two
+    /// Replica `i` (agent name `i + 1`, zero-padded, replica id `i + 1`: the two
     /// implementations break ties between concurrent inserts by the same
     /// order).
     fn new(i: usize) -> Self {
         let mut reference = ListCRDT::new();
-        let agent = reference.get_or_create_agent_id(&(i + 1).to_string());
+        // Zero-padded: diamond-types orders agents by name as strings.
+        let agent = reference.get_or_create_agent_id(&format!("{:04}", i + 1));
         Self {
             calm: Text::new(ReplicaId::new(i as u64 + 1)),
             reference,
@@ -236,5 +237,65 @@ fn insert_next_to_deleted_text_follows_the_reference() {
     for (i, replica) in r.iter().enumerate() {
         assert_eq!(differs(replica, i), None);
         assert_eq!(replica.texts().0, "CDa");
+    }
+}
+
+/// Many users typing backward at one place (long chains of siblings), some
+/// carrying on after syncing mid-run, then everyone merging everyone in a
+/// random order: the texts equal diamond-types' for every seed.
+#[test]
+fn many_users_typing_backward_at_one_place_follow_the_reference() {
+    for seed in 0..20u64 {
+        let mut rng = Rng::new(seed ^ 0xbac4_a4d5);
+        let n = 2 + rng.below(19) as usize;
+        let mut r: Vec<Replica> = (0..n).map(Replica::new).collect();
+        r[0].insert(0, "[]");
+        for to in 1..n {
+            let (t, f) = pair(&mut r, to, 0);
+            t.sync_from(f);
+        }
+        for _ in 0..3 {
+            for (i, replica) in r.iter_mut().enumerate() {
+                for _ in 0..rng.below(40) {
+                    let c = char::from(b'a' + (i % 26) as u8).to_string();
+                    replica.insert(1, &c);
+                }
+            }
+            // A few pairwise syncs mid-run.
+            for _ in 0..rng.below(n as u64) {
+                let (to, from) = (rng.below(n as u64) as usize, rng.below(n as u64) as usize);
+                if to != from {
+                    let (t, f) = pair(&mut r, to, from);
+                    t.sync_from(f);
+                }
+            }
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for &to in &order {
+            for &from in &order {
+                if to != from {
+                    let (t, f) = pair(&mut r, to, from);
+                    t.sync_from(f);
+                }
+            }
+        }
+        for &to in &order {
+            let from = order[0];
+            if to != from {
+                let (t, f) = pair(&mut r, to, from);
+                t.sync_from(f);
+            }
+        }
+        for (i, replica) in r.iter().enumerate() {
+            assert_eq!(differs(replica, i), None, "seed {seed}, {n} users");
+        }
+        let first = r[0].texts().0;
+        assert!(
+            r.iter().all(|x| x.texts().0 == first),
+            "seed {seed}: diverged"
+        );
     }
 }
