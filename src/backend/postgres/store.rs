@@ -2,7 +2,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, QueueMode, RecyclingMethod};
 use tokio::sync::{Notify, oneshot};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
@@ -369,8 +369,13 @@ impl PostgresStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // Last in, first out: calls go to the connections used most
+        // recently, whose server processes are warm and few, instead of
+        // rotating through the whole pool (measured: rotating through 8
+        // connections halved the writes per second at 16 tasks).
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            .queue_mode(QueueMode::Lifo)
             .build()
             .map_err(|e| StoreError::InvalidEndpoint {
                 endpoint: options.url.clone(),
