@@ -229,7 +229,7 @@ fn answer(batch: Vec<Request>, replies: Result<Vec<Result<Reply, StoreError>>, S
             }
         }
         Err(e) => {
-            let shared = Shared(Arc::new(e));
+            let shared = Shared::new(e);
             for r in batch {
                 let _ = r.reply.send(Err(shared.copy()));
             }
@@ -321,10 +321,14 @@ async fn run_keys(
 
 /// One failure handed to every request of a batch: each gets the same
 /// kind of error, its source the shared original.
-struct Shared(Arc<StoreError>);
+pub(super) struct Shared(Arc<StoreError>);
 
 impl Shared {
-    fn copy(&self) -> StoreError {
+    pub(super) fn new(e: StoreError) -> Self {
+        Self(Arc::new(e))
+    }
+
+    pub(super) fn copy(&self) -> StoreError {
         let source: crate::store::BoxError = Box::new(SharedError(Arc::clone(&self.0)));
         match &*self.0 {
             StoreError::Unavailable { .. } => StoreError::Unavailable { source },

@@ -83,6 +83,13 @@
 //!   larger token" and "a watcher never skips", so calm keeps the lock and
 //!   batches behind it.
 //!
+//! Reads coalesce the same way once the pool is busy: while fewer gets
+//! than half the pool are pending, each is its own statement; beyond
+//! that, gets queue, and a reader sends everything queued as one
+//! `key = ANY($1)` statement (a key many tasks read at once is read
+//! once). A queued get is sent after it was called and answered when its
+//! statement returns, so each stays linearizable.
+//!
 //! # Errors
 //!
 //! A connection that cannot be made, or breaks before a write is sent, is
@@ -97,6 +104,7 @@
 
 mod batch;
 mod fence;
+mod reads;
 mod sql;
 mod store;
 mod tasks;

@@ -29,6 +29,8 @@ pub(super) struct Sql {
     pub revision: String,
     /// One live key.
     pub get: String,
+    /// The live keys among `$1`.
+    pub get_many: String,
     /// Live keys in `[$1, $2)` (`$2` NULL: no upper bound), at most `$3`,
     /// with the revision of the same snapshot.
     pub range: String,
@@ -80,6 +82,7 @@ impl Sql {
             ),
             revision: format!("SELECT revision FROM {s}.meta WHERE id = 1"),
             get: format!("SELECT {KV} FROM {s}.kv k WHERE k.key = $1 AND {live}"),
+            get_many: format!("SELECT {KV} FROM {s}.kv k WHERE k.key = ANY ($1) AND {live}"),
             range: format!(
                 "SELECT m.revision, {KV} FROM {s}.meta m LEFT JOIN LATERAL (
                      SELECT * FROM {s}.kv k

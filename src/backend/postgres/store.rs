@@ -9,6 +9,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row, Socket};
 
 use super::batch::{self, Queue, Reply, Request};
+use super::reads::Reads;
 use super::sql::Sql;
 use super::tasks;
 use crate::occ::Version;
@@ -129,6 +130,8 @@ pub(crate) struct Shared {
     /// Where writes queue for the committers; dropping it (with the last
     /// store handle) ends them once they have answered what they hold.
     queue: Queue,
+    /// Where gets go; dropping it ends the reader tasks.
+    reads: Reads,
     /// The listener and the reaper, stopped on drop.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -429,7 +432,9 @@ impl PostgresStore {
         migrate(&pool, &sql).await?;
         let (queue, committers) = batch::spawn(pool.clone(), Arc::clone(&sql), options.committers);
         drop(committers);
+        let reads = Reads::spawn(pool.clone(), Arc::clone(&sql));
         let shared = Arc::new(Shared {
+            reads,
             sql,
             changed: Arc::new(Notify::new()),
             history: options.history.max(1),
@@ -566,8 +571,7 @@ impl Store for PostgresStore {
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, StoreError> {
         check_key(key)?;
-        let rows = query(&self.pool, &self.sql().get, &[&key], false).await?;
-        Ok(rows.first().map(|r| kv_of_columns(r, 0)))
+        self.shared.reads.get(&self.pool, self.sql(), key).await
     }
 
     async fn range(&self, prefix: &[u8], limit: Option<usize>) -> Result<RangeResult, StoreError> {
