@@ -46,25 +46,48 @@ pub(crate) type Outcome<T> = Result<T, SerialError>;
 /// ```
 #[must_use = "dropping a Completion loses the output (the work still runs)"]
 pub struct Completion<T> {
-    /// Receives the outcome once; closed unsent if the work is dropped.
-    rx: oneshot::Receiver<Outcome<T>>,
+    state: State<T>,
 }
+
+enum State<T> {
+    /// Receives the outcome once; closed unsent if the work is dropped.
+    Waiting(oneshot::Receiver<Outcome<T>>),
+    /// The work already ran (`None` once the outcome was taken).
+    Ready(Option<Outcome<T>>),
+}
+
+// The outcome is only ever moved out, never pinned in place.
+impl<T> Unpin for Completion<T> {}
 
 impl<T> Completion<T> {
     pub(crate) fn new(rx: oneshot::Receiver<Outcome<T>>) -> Self {
-        Self { rx }
+        Self {
+            state: State::Waiting(rx),
+        }
+    }
+
+    /// The completion of work that has already run.
+    pub(crate) fn ready(outcome: Outcome<T>) -> Self {
+        Self {
+            state: State::Ready(Some(outcome)),
+        }
     }
 }
 
 impl<T> Future for Completion<T> {
     type Output = Result<T, SerialError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // The sender is dropped unsent only when the work itself is
-        // dropped without finishing: the draining task was cancelled.
-        Pin::new(&mut self.rx)
-            .poll(cx)
-            .map(|received| received.unwrap_or(Err(SerialError::Abandoned)))
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            // The sender is dropped unsent only when the work itself is
+            // dropped without finishing: the draining task was cancelled.
+            State::Waiting(rx) => Pin::new(rx)
+                .poll(cx)
+                .map(|received| received.unwrap_or(Err(SerialError::Abandoned))),
+            // Polled again after it resolved: a misuse that std futures
+            // may panic on; this one stays pending instead.
+            State::Ready(outcome) => outcome.take().map_or(Poll::Pending, Poll::Ready),
+        }
     }
 }
 

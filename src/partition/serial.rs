@@ -3,11 +3,13 @@
 //!
 //! # How it works
 //!
-//! A std mutex guards a map from each *busy* key to its [`Partition`]: the
-//! work accepted for it and not yet started, in submission order, and a
-//! semaphore counting the free places in that queue. The lock is held only
-//! to push, pop, insert or remove (never across user code and never
-//! across an `.await`).
+//! A map from each *busy* key to its [`Partition`] (the work accepted for
+//! it and not yet started, in submission order, and a semaphore counting
+//! the free places in that queue) is split into [`SHARDS`] shards by the
+//! key's hash, each behind its own std mutex, so threads working on
+//! different keys rarely meet on a lock. A shard's lock is held only to
+//! push, pop, insert or remove (never across user code and never across
+//! an `.await`); everything below about "the lock" is the key's shard's.
 //!
 //! The first submission for an idle key inserts its partition and spawns
 //! one **drain task** for it. The drain task pops one piece of work at a
@@ -46,8 +48,10 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
+use std::hash::{BuildHasher, RandomState};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::runtime::Handle;
@@ -67,6 +71,11 @@ type Job = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// stays non-empty. 32 keeps the yield's cost small per piece of work
 /// while bounding how long other tasks wait.
 const RUNS_PER_YIELD: u32 = 32;
+
+/// How many shards the busy keys are split into: enough that a few
+/// threads on distinct keys seldom share a lock, few enough that an
+/// executor stays a few kilobytes.
+const SHARDS: usize = 32;
 
 /// Settings of a [`SerialExecutor`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,19 +215,31 @@ pub struct SerialExecutor<K> {
 
 /// What the executor's clones and drain tasks share.
 struct Shared<K> {
-    /// The busy keys and whether the executor is closed.
-    state: Mutex<State<K>>,
-    /// Woken (all waiters) whenever the map becomes empty, for
+    /// The busy keys, by shard of their hash.
+    shards: Box<[Shard<K>]>,
+    /// Picks a key's shard.
+    hasher: RandomState,
+    /// Busy keys in all shards: raised when a partition is inserted and
+    /// lowered when one is removed, each under its shard's lock.
+    active: AtomicUsize,
+    /// Set by `close` before it closes each shard.
+    closed: AtomicBool,
+    /// Woken (all waiters) whenever the last busy key leaves, for
     /// [`SerialExecutor::idle`] and [`SerialExecutor::shutdown`].
     emptied: Notify,
     /// The per-key queue capacity, at least 1.
     capacity: usize,
 }
 
-/// The bookkeeping behind the lock.
+/// One shard's lock, alone on its cache lines (two shards sharing a line
+/// would make threads on unrelated keys contend).
+#[repr(align(128))]
+struct Shard<K>(Mutex<State<K>>);
+
+/// The bookkeeping behind one shard's lock.
 struct State<K> {
-    /// One partition per busy key. A key is here exactly while its drain
-    /// task is alive.
+    /// One partition per busy key of the shard. A key is here exactly
+    /// while its drain task is alive.
     partitions: HashMap<K, Partition>,
     /// Set once by `close`; no partition is created or pushed to after.
     closed: bool,
@@ -229,12 +250,67 @@ struct Partition {
     /// Accepted work not yet started, oldest first. The drain task pops
     /// the front; submissions push the back.
     queue: VecDeque<Job>,
-    /// `capacity - queue.len()` permits, each a free place in `queue`,
-    /// minus the permits granted to waiting submitters not yet pushed.
-    /// A push consumes (forgets) one; a pop adds one back. Closed when the
-    /// executor closes or the partition is torn down, which wakes waiting
-    /// submitters to look again.
-    room: Arc<Semaphore>,
+    /// Made the first time the queue is full, so submitters can wait for a
+    /// place (until then a place is free while `queue.len() < capacity`).
+    /// It holds `capacity - queue.len()` permits, each a free place in
+    /// `queue`, minus the permits granted to waiting submitters not yet
+    /// pushed. A push consumes (forgets) one; a pop adds one back. Closed
+    /// when the executor closes or the partition is torn down, which wakes
+    /// waiting submitters to look again.
+    room: Option<Arc<Semaphore>>,
+}
+
+impl Partition {
+    /// A partition whose queue holds `first` (or nothing).
+    fn new(first: Option<Job>) -> Self {
+        Self {
+            queue: first.into_iter().collect(),
+            room: None,
+        }
+    }
+
+    /// Takes a place in the queue for one push (the place `held`, if it
+    /// is one of this partition's), or hands back the semaphore to wait
+    /// on for one.
+    fn take_place(&mut self, held: Option<Held>, capacity: usize) -> Result<(), Arc<Semaphore>> {
+        let room = match &mut self.room {
+            None if self.queue.len() < capacity => return Ok(()),
+            Some(room) => room,
+            // Full for the first time: no place is free.
+            none => none.insert(Arc::new(Semaphore::new(0))),
+        };
+        let place = match held {
+            // A permit from a partition since torn down is stale: dropping
+            // it returns it to that dead semaphore.
+            Some(held) if Arc::ptr_eq(&held.room, room) => Some(held.permit),
+            _ => room.clone().try_acquire_owned().ok(),
+        };
+        match place {
+            // The place now belongs to the queued job; the drain task adds
+            // it back when it pops the job.
+            Some(place) => {
+                place.forget();
+                Ok(())
+            }
+            None => Err(room.clone()),
+        }
+    }
+
+    /// Pops the oldest job, freeing its place.
+    fn pop(&mut self) -> Option<Job> {
+        let job = self.queue.pop_front()?;
+        if let Some(room) = &self.room {
+            room.add_permits(1);
+        }
+        Some(job)
+    }
+
+    /// Wakes the submitters waiting for a place, for good.
+    fn close(&self) {
+        if let Some(room) = &self.room {
+            room.close();
+        }
+    }
 }
 
 /// Why a submission was not pushed.
@@ -340,10 +416,17 @@ where
     pub fn with_options(options: SerialOptions) -> Self {
         Self {
             shared: Arc::new(Shared {
-                state: Mutex::new(State {
-                    partitions: HashMap::new(),
-                    closed: false,
-                }),
+                shards: (0..SHARDS)
+                    .map(|_| {
+                        Shard(Mutex::new(State {
+                            partitions: HashMap::new(),
+                            closed: false,
+                        }))
+                    })
+                    .collect(),
+                hasher: RandomState::new(),
+                active: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
                 emptied: Notify::new(),
                 // `with_queue_capacity` refuses these, but the field is
                 // public: clamp rather than panic here.
@@ -571,12 +654,15 @@ where
     /// # }
     /// ```
     pub fn close(&self) {
-        let mut state = self.shared.lock();
-        state.closed = true;
-        for partition in state.partitions.values() {
-            // Wakes submitters waiting for room; they look again and see
-            // `closed`.
-            partition.room.close();
+        self.shared.closed.store(true, Ordering::Release);
+        for shard in &self.shared.shards {
+            let mut state = lock(&shard.0);
+            state.closed = true;
+            for partition in state.partitions.values() {
+                // Wakes submitters waiting for room; they look again and
+                // see `closed`.
+                partition.close();
+            }
         }
     }
 
@@ -653,7 +739,7 @@ where
             // Registered before the check, so an emptying between the
             // check and the await still wakes this waiter.
             emptied.as_mut().enable();
-            if self.shared.lock().partitions.is_empty() {
+            if self.shared.active.load(Ordering::Acquire) == 0 {
                 return;
             }
             emptied.await;
@@ -663,13 +749,13 @@ where
     /// The number of keys with work queued or running (each has one drain
     /// task and one map entry; idle keys have neither).
     pub fn active_keys(&self) -> usize {
-        self.shared.lock().partitions.len()
+        self.shared.active.load(Ordering::Acquire)
     }
 
     /// Whether [`close`](Self::close) or [`shutdown`](Self::shutdown) was
     /// called.
     pub fn is_closed(&self) -> bool {
-        self.shared.lock().closed
+        self.shared.closed.load(Ordering::Acquire)
     }
 
     /// The per-key queue capacity.
@@ -692,7 +778,7 @@ where
             return Err(work);
         };
         {
-            let mut state = self.shared.lock();
+            let mut state = self.shared.lock(key);
             if state.closed {
                 return Err(work);
             }
@@ -700,24 +786,21 @@ where
                 return Err(work);
             };
             // Running work holds no place in the queue (as a popped job).
-            idle.insert(Partition {
-                queue: VecDeque::new(),
-                room: Arc::new(Semaphore::new(self.shared.capacity)),
-            });
+            idle.insert(Partition::new(None));
+            self.shared.active.fetch_add(1, Ordering::AcqRel);
         }
-        // Armed before the closure runs: if anything unwinds past here,
-        // dropping it removes the partition.
-        let mut drain = Drain {
-            shared: self.shared.clone(),
-            key: key.clone(),
-            armed: true,
-        };
-        let (tx, rx) = oneshot::channel();
-        let _ = tx.send(call(work));
-        if let Some(next) = drain.next_job() {
+        // `call` catches the closure's panic, so nothing unwinds between
+        // the insert above and the pop below.
+        let outcome = call(work);
+        if let Some(next) = self.shared.next_job(key) {
+            let drain = Drain {
+                shared: self.shared.clone(),
+                key: key.clone(),
+                armed: true,
+            };
             runtime.spawn(drain.run(Some(next)));
         }
-        Ok(Completion::new(rx))
+        Ok(Completion::ready(outcome))
     }
 
     /// Pushes `work`, waiting for a place while the key's queue is full.
@@ -743,25 +826,16 @@ where
     /// place in the key's current queue), starting a drain task if the key
     /// was idle.
     fn push<W: Work>(&self, key: &K, work: W, held: Option<Held>) -> Result<(), Refusal<W>> {
-        let mut state = self.shared.lock();
+        let mut state = self.shared.lock(key);
         if state.closed {
             return Err(Refusal::Refused(SerialError::Closed, work));
         }
         let spawn = match state.partitions.entry(key.clone()) {
             Entry::Occupied(mut busy) => {
                 let partition = busy.get_mut();
-                let place = match held {
-                    // A permit from a partition since torn down is stale:
-                    // dropping it returns it to that dead semaphore.
-                    Some(held) if Arc::ptr_eq(&held.room, &partition.room) => Some(held.permit),
-                    _ => partition.room.clone().try_acquire_owned().ok(),
-                };
-                let Some(place) = place else {
-                    return Err(Refusal::Full(work, partition.room.clone()));
-                };
-                // The place now belongs to the queued job; the drain task
-                // adds it back when it pops the job.
-                place.forget();
+                if let Err(room) = partition.take_place(held, self.shared.capacity) {
+                    return Err(Refusal::Full(work, room));
+                }
                 partition.queue.push_back(work.into_job());
                 None
             }
@@ -769,16 +843,14 @@ where
                 let Ok(runtime) = Handle::try_current() else {
                     return Err(Refusal::Refused(SerialError::NoRuntime, work));
                 };
-                // The first job takes one of `capacity` places.
-                let room = Arc::new(Semaphore::new(self.shared.capacity - 1));
-                let mut queue = VecDeque::new();
-                queue.push_back(work.into_job());
                 let drain = Drain {
                     shared: self.shared.clone(),
                     key: idle.key().clone(),
                     armed: true,
                 };
-                idle.insert(Partition { queue, room });
+                // The first job takes one of `capacity` places.
+                idle.insert(Partition::new(Some(work.into_job())));
+                self.shared.active.fetch_add(1, Ordering::AcqRel);
                 Some((runtime, drain))
             }
         };
@@ -793,13 +865,50 @@ where
     }
 }
 
-impl<K> Shared<K> {
-    fn lock(&self) -> MutexGuard<'_, State<K>> {
-        // No user code runs under this lock except the key's `Hash` and
-        // `Eq`; if one of those panicked, the map is still consistent
-        // (HashMap operations are panic safe), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+impl<K: Hash> Shared<K> {
+    /// The lock of `key`'s shard.
+    fn lock(&self, key: &K) -> MutexGuard<'_, State<K>> {
+        // The high bits: the shard's map uses the low ones of its own hash.
+        let hash = self.hasher.hash_one(key);
+        let shard = usize::try_from(hash >> 32).unwrap_or(0) % self.shards.len();
+        lock(&self.shards[shard].0)
     }
+
+    /// Counts one partition removed (under its shard's lock); true if it
+    /// was the last busy key.
+    fn left(&self) -> bool {
+        self.active.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
+
+impl<K: Eq + Hash> Shared<K> {
+    /// Pops `key`'s next job, or, if its queue is empty, removes its
+    /// partition (the caller was its drain).
+    fn next_job(&self, key: &K) -> Option<Job> {
+        let mut state = self.lock(key);
+        let next = state.partitions.get_mut(key).and_then(Partition::pop);
+        if next.is_some() {
+            return next;
+        }
+        // Empty: leave, atomically with the check, so a submission either
+        // saw this partition (and its job was popped above) or sees none
+        // and starts a new drain task.
+        let removed = state.partitions.remove(key);
+        let emptied = removed.is_some() && self.left();
+        drop(state);
+        drop(removed);
+        if emptied {
+            self.emptied.notify_waiters();
+        }
+        None
+    }
+}
+
+fn lock<K>(shard: &Mutex<State<K>>) -> MutexGuard<'_, State<K>> {
+    // No user code runs under this lock except the key's `Hash` and `Eq`;
+    // if one of those panicked, the map is still consistent (HashMap
+    // operations are panic safe), so poisoning is ignored.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The drain task of one busy key; tears the partition down if the task
@@ -836,27 +945,11 @@ impl<K: Eq + Hash> Drain<K> {
     /// Pops the key's next job, or, if its queue is empty, removes its
     /// partition and disarms.
     fn next_job(&mut self) -> Option<Job> {
-        let mut state = self.shared.lock();
-        let next = state.partitions.get_mut(&self.key).and_then(|partition| {
-            let job = partition.queue.pop_front()?;
-            partition.room.add_permits(1);
-            Some(job)
-        });
-        if next.is_some() {
-            return next;
+        let next = self.shared.next_job(&self.key);
+        if next.is_none() {
+            self.armed = false;
         }
-        // Empty: leave, atomically with the check, so a submission either
-        // saw this partition (and its job was popped above) or sees none
-        // and starts a new drain task.
-        let removed = state.partitions.remove(&self.key);
-        let emptied = state.partitions.is_empty();
-        drop(state);
-        self.armed = false;
-        drop(removed);
-        if emptied {
-            self.shared.emptied.notify_waiters();
-        }
-        None
+        next
     }
 }
 
@@ -869,13 +962,13 @@ impl<K: Eq + Hash> Drop for Drain<K> {
         // remove the partition so later submissions start afresh, and drop
         // its jobs (outside the lock: dropping runs the work's destructors)
         // so their Completions resolve to `Abandoned`.
-        let mut state = self.shared.lock();
+        let mut state = self.shared.lock(&self.key);
         let removed = state.partitions.remove(&self.key);
-        let emptied = state.partitions.is_empty();
+        let emptied = removed.is_some() && self.shared.left();
         drop(state);
         if let Some(partition) = removed {
             // Wakes submitters waiting for room in it; they retry.
-            partition.room.close();
+            partition.close();
             drop(partition);
         }
         if emptied {
@@ -903,10 +996,9 @@ where
 
 impl<K> fmt::Debug for SerialExecutor<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared.lock();
         f.debug_struct("SerialExecutor")
-            .field("active_keys", &state.partitions.len())
-            .field("closed", &state.closed)
+            .field("active_keys", &self.shared.active.load(Ordering::Acquire))
+            .field("closed", &self.shared.closed.load(Ordering::Acquire))
             .field("queue_capacity", &self.shared.capacity)
             .finish()
     }
