@@ -393,6 +393,48 @@ pub(crate) mod postgres {
             Err(StoreError::Closed)
         ));
     }
+
+    /// Many concurrent gets (coalesced into shared statements once the
+    /// pool is busy) each get their own key's value, absent keys none, and
+    /// never a value older than the caller's own completed write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_gets_each_see_their_own_key() {
+        use calm::store::{PutOptions, Store};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("gets")).await;
+        let tasks: Vec<_> = (0..64u32)
+            .map(|task| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    // Tasks share keys in pairs; odd pairs' keys never exist.
+                    let key = format!("key-{}", task / 2).into_bytes();
+                    let absent = (task / 2) % 2 == 1;
+                    for round in 0..20u32 {
+                        if absent {
+                            assert_eq!(store.get(&key).await.unwrap(), None);
+                            continue;
+                        }
+                        let value = format!("{task}/{round}").into_bytes();
+                        let put = store.put(&key, &value, PutOptions::new()).await.unwrap();
+                        let written = put.committed().unwrap();
+                        let kv = store.get(&key).await.unwrap().unwrap();
+                        assert_eq!(kv.key, key);
+                        // Only this task and its pair write the key: the
+                        // read is this write or the pair's later one.
+                        assert!(kv.mod_revision >= written, "a stale read");
+                        let text = String::from_utf8(kv.value).unwrap();
+                        let writer: u32 = text.split('/').next().unwrap().parse().unwrap();
+                        assert_eq!(writer / 2, task / 2, "another key's value");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
 }
 
 #[cfg(feature = "etcd")]
