@@ -134,12 +134,13 @@ proptest! {
         prop_assert_eq!(serial.active_keys(), 0);
     }
 
-    /// Submitters that wait for room (`submit`, `submit_fn`, tiny queues)
-    /// see their own work for each key run in the order they submitted it,
-    /// never overlapping; every accepted piece runs exactly once.
+    /// Submitters that wait for room (`submit`, `submit_fn`, `run`, tiny
+    /// queues) see their own work for each key run in the order they
+    /// submitted it, never overlapping; every accepted piece runs exactly
+    /// once.
     #[test]
     fn waiting_submitters_keep_their_order(
-        plans in vec(vec((0..3usize, 0..3u8), 1..40), 2..5),
+        plans in vec(vec((0..3usize, 0..4u8), 1..40), 2..5),
         capacity in 1..3usize,
     ) {
         let rt = runtime();
@@ -157,7 +158,12 @@ proptest! {
                         // Ticket: submitter in the low bits, its sequence above.
                         let ticket = seq as u64 * 16 + who as u64;
                         let probe = probe.clone();
-                        let completion = if kind == 0 {
+                        let completion = if kind == 3 {
+                            // Run and awaited here: inline if the key is idle.
+                            let ran = serial.run(key, record(probe, key, ticket, 2)).await;
+                            assert_eq!(ran, Ok(ticket));
+                            continue;
+                        } else if kind == 0 {
                             serial.submit_fn(key, move || {
                                 probe.enter(key, ticket);
                                 probe.leave(key);
@@ -177,6 +183,69 @@ proptest! {
                 }
             }
             serial.shutdown().await;
+        });
+        prop_assert!(!probe.overlapped.load(Ordering::SeqCst));
+        let mut ran = 0;
+        for key in 0..3 {
+            let log = probe.log(key);
+            ran += log.len();
+            for who in 0..submitters {
+                let mine: Vec<u64> = log.iter().copied().filter(|t| t % 16 == who).collect();
+                prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "key {key}: {log:?}");
+            }
+        }
+        prop_assert_eq!(ran, total);
+        prop_assert_eq!(serial.active_keys(), 0);
+    }
+
+    /// `run` futures dropped after their first poll (the work accepted,
+    /// and started if the key was idle) beside awaited runs and queued
+    /// submissions: every piece still runs exactly once, each submitter's
+    /// work for a key in its order, never two pieces of one key at once,
+    /// and nothing is left behind.
+    #[test]
+    fn dropped_runs_still_finish_in_order(
+        plans in vec(vec((0..3usize, 0..3u8, 0..4u8), 1..30), 2..5),
+    ) {
+        let rt = runtime();
+        let probe = Probe::new(3);
+        // Room for every submission: a first poll always accepts the work.
+        let serial = SerialExecutor::new();
+        let submitters = plans.len() as u64;
+        let total: usize = plans.iter().map(Vec::len).sum();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for (who, plan) in plans.into_iter().enumerate() {
+                let (serial, probe) = (serial.clone(), probe.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut queued = Vec::new();
+                    for (seq, (key, how, yields)) in plan.into_iter().enumerate() {
+                        let ticket = seq as u64 * 16 + who as u64;
+                        let work = record(probe.clone(), key, ticket, yields);
+                        match how {
+                            0 => assert_eq!(serial.run(key, work).await, Ok(ticket)),
+                            1 => queued.push(serial.submit(key, work).await.expect("open")),
+                            _ => {
+                                let mut run = std::pin::pin!(serial.run(key, work));
+                                std::future::poll_fn(|cx| {
+                                    let _ = run.as_mut().poll(cx);
+                                    std::task::Poll::Ready(())
+                                })
+                                .await;
+                            }
+                        }
+                    }
+                    for done in queued {
+                        done.await.expect("work ran");
+                    }
+                }));
+            }
+            for task in tasks {
+                task.await.expect("submitter");
+            }
+            tokio::time::timeout(Duration::from_secs(30), serial.shutdown())
+                .await
+                .expect("every accepted piece ran and its key was freed");
         });
         prop_assert!(!probe.overlapped.load(Ordering::SeqCst));
         let mut ran = 0;
@@ -841,4 +910,78 @@ async fn an_idle_keys_closure_runs_at_once_and_later_work_queues_behind_it() {
         serial.submit_fn("k", || 7).await.expect("accepted").await,
         Ok(7)
     );
+}
+
+/// `run` on an idle key runs the work inside the caller's future (no
+/// drain task: the key is busy only while that future runs it); work
+/// submitted meanwhile queues behind it; a panic is that run's typed
+/// error and the key goes on; a closed executor refuses.
+#[tokio::test(flavor = "current_thread")]
+async fn run_on_an_idle_key_runs_inline_and_later_work_queues_behind_it() {
+    let serial = SerialExecutor::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (inner_serial, inner_log) = (serial.clone(), log.clone());
+    let slot = Arc::new(Mutex::new(None));
+    let inner_slot = slot.clone();
+    serial
+        .run("k", async move {
+            let l = inner_log.clone();
+            let queued = inner_serial
+                .try_submit("k", async move { l.lock().expect("log").push(2) })
+                .expect("queued behind the running work");
+            *inner_slot.lock().expect("slot") = Some(queued);
+            tokio::task::yield_now().await;
+            inner_log.lock().expect("log").push(1);
+        })
+        .await
+        .expect("ran");
+    let queued = slot.lock().expect("slot").take().expect("submitted");
+    assert_eq!(*log.lock().expect("log"), vec![1]);
+    queued.await.expect("ran");
+    assert_eq!(*log.lock().expect("log"), vec![1, 2]);
+    serial.idle().await;
+    assert_eq!(serial.active_keys(), 0);
+    let panicked = serial.run("k", async { panic!("boom") }).await;
+    assert!(matches!(
+        panicked,
+        Err::<(), _>(SerialError::Panicked { .. })
+    ));
+    assert_eq!(serial.active_keys(), 0);
+    assert_eq!(serial.run("k", async { 7 }).await, Ok(7));
+    serial.close();
+    assert_eq!(serial.run("k", async { 8 }).await, Err(SerialError::Closed));
+}
+
+/// A `run` dropped while its work waits mid-way: the rest of the work
+/// still runs, before the work queued behind it, and the key is freed.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_run_finishes_its_work_before_the_queue() {
+    let serial = SerialExecutor::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (open, wait) = gate();
+    let l = log.clone();
+    let mut run = Box::pin(serial.run("k", async move {
+        l.lock().expect("log").push("started");
+        wait.await.ok();
+        l.lock().expect("log").push("finished");
+    }));
+    std::future::poll_fn(|cx| {
+        assert!(run.as_mut().poll(cx).is_pending());
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let l = log.clone();
+    let next = serial
+        .try_submit("k", async move { l.lock().expect("log").push("next") })
+        .expect("queued");
+    drop(run);
+    assert_eq!(serial.active_keys(), 1);
+    open.send(()).ok();
+    tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the rest of the dropped run and the queue drained")
+        .expect("ran");
+    assert_eq!(*log.lock().expect("log"), ["started", "finished", "next"]);
+    serial.idle().await;
+    assert_eq!(serial.active_keys(), 0);
 }

@@ -27,7 +27,10 @@
 //!   on the clock: the task is suspended as in real I/O, and other tasks
 //!   run between its polls, but its polls cost CPU (the same for every
 //!   side). `Mutex<HashMap>` and `DashMap` are not in these rows: their
-//!   guards cannot be held across an `.await`.
+//!   guards cannot be held across an `.await`. calm runs tiny commands
+//!   with `submit_fn` and awaiting ones with `run`, each awaited in place
+//!   as a lock's caller would (on an idle key, both run the work in the
+//!   caller's task).
 //!
 //! Every side checks afterwards that its counters add up to the commands
 //! its clients finished, so a broken peer gives no figure.
@@ -158,24 +161,24 @@ impl Peer for Calm {
     async fn command(&self, key: u64) {
         let (counters, work) = (Arc::clone(&self.counters), self.work);
         let i = key as usize;
-        let done = if work == Work::Tiny {
+        if work == Work::Tiny {
             // Synchronous work as a closure: no future to poll.
-            accepted(
+            let done = accepted(
                 self.exec
                     .submit_fn(key, move || {
                         let v = counters[i].load(Relaxed);
                         counters[i].store(v + 1, Relaxed);
                     })
                     .await,
-            )
+            );
+            done.await.expect("the command ran");
         } else {
-            accepted(
-                self.exec
-                    .submit(key, async move { bump(&counters[i], work).await })
-                    .await,
-            )
-        };
-        done.await.expect("the command ran");
+            // Awaited in place, as a lock's caller would: inline on an idle key.
+            self.exec
+                .run(key, async move { bump(&counters[i], work).await })
+                .await
+                .expect("the command ran");
+        }
     }
 
     fn total(&self) -> u64 {

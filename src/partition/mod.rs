@@ -31,9 +31,12 @@
 //! [`SerialExecutor`] is that routing inside one process, on Tokio:
 //! [`submit`](SerialExecutor::submit) (async work) and
 //! [`submit_fn`](SerialExecutor::submit_fn) (a closure) queue work for a
-//! key and hand back a [`Completion`] to await its output. A busy key gets
-//! one task that drains its queue; an idle key costs nothing (no task, no
-//! map entry). Queues are bounded ([`SerialOptions`]): a full one makes
+//! key and hand back a [`Completion`] to await its output;
+//! [`run`](SerialExecutor::run) submits async work and waits for its
+//! output in one call, running it in the caller's own task when the key
+//! is idle (as a lock per key would, with no task spawned). A busy key
+//! gets one task that drains its queue; an idle key costs nothing (no
+//! task, no map entry). Queues are bounded ([`SerialOptions`]): a full one makes
 //! `submit` wait and `try_submit` refuse with [`SerialError::Full`],
 //! handing the work back in a [`Rejected`]. A panicking piece of work fails
 //! only its own [`Completion`]; [`shutdown`](SerialExecutor::shutdown)

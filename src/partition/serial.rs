@@ -19,14 +19,17 @@
 //! push, so a submission either lands in a queue whose task will still
 //! pop it, or finds no partition and starts a new one.
 //!
-//! A synchronous closure submitted for an idle key
-//! ([`submit_fn`](SerialExecutor::submit_fn),
-//! [`try_submit_fn`](SerialExecutor::try_submit_fn)) skips the task: the
-//! submission inserts the key's partition with an empty queue, runs the
-//! closure at once on its own thread (nothing for the key can be running
-//! or queued before it), then pops what queued meanwhile and spawns a
-//! drain task for it, or removes the partition. Tiny work on mostly idle
-//! keys then costs two short lock holds instead of a task.
+//! Work for an idle key that its caller waits for skips the task: a
+//! synchronous closure ([`submit_fn`](SerialExecutor::submit_fn),
+//! [`try_submit_fn`](SerialExecutor::try_submit_fn)) or a future given to
+//! [`run`](SerialExecutor::run). The submission *claims* the key (inserts
+//! its partition with an empty queue), runs the work itself, at once on
+//! its own thread or inside `run`'s future (nothing for the key can be
+//! running or queued before it), then pops what queued meanwhile and
+//! spawns a drain task for it, or removes the partition. Work on mostly
+//! idle keys then costs two short lock holds instead of a task and a
+//! channel. If `run`'s future is dropped while its work is unfinished,
+//! the rest of the work is handed to a drain task, first in the queue.
 //!
 //! ```text
 //! submit(a, w1)  map: {}              -> insert a: [w1], spawn drain(a)
@@ -37,8 +40,8 @@
 //! ```
 //!
 //! Invariant: a key has a partition in the map exactly while its drain
-//! task is alive (spawned and not finished) or a closure for it runs
-//! inline, and every piece of work in a
+//! task is alive (spawned and not finished) or work for it runs inline
+//! (a closure, or inside `run`'s future), and every piece of work in a
 //! partition's queue will be run or, if the runtime cancels the task,
 //! dropped with its [`Completion`] resolving to
 //! [`SerialError::Abandoned`].
@@ -53,6 +56,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
@@ -635,6 +639,79 @@ where
         }
     }
 
+    /// Runs async work for `key` in the key's order and returns its
+    /// output: [`submit`](Self::submit) and await the [`Completion`] in
+    /// one call, and cheaper when the key is idle.
+    ///
+    /// If `key` is idle, the work runs inside this future, on the caller's
+    /// task, as it would under a `tokio::sync::Mutex` per key: no task is
+    /// spawned and no channel carries the output. Work submitted for the
+    /// key meanwhile queues behind it and is handed to a drain task when
+    /// it ends. If `key` is busy, the work queues as with
+    /// [`submit`](Self::submit) (waiting for room if the queue is full)
+    /// and this waits for it. Order, exclusivity and panics are as for
+    /// `submit`.
+    ///
+    /// # Errors
+    ///
+    /// [`SerialError::Closed`] or [`SerialError::NoRuntime`] if the work
+    /// was refused (it is dropped unrun; [`submit`](Self::submit) hands
+    /// refused work back), [`SerialError::Panicked`] if it panicked (the
+    /// key goes on with its next piece), [`SerialError::Abandoned`] if the
+    /// runtime shut down before it ran.
+    ///
+    /// # Cancel safety
+    ///
+    /// Accepted work is never cut short: if this future is dropped after
+    /// the work was accepted (for an idle key, on the first poll, where
+    /// it also starts), the work still runs to its end in its place in
+    /// the key's order, on a task of its own, and its output is dropped.
+    /// Dropped before that, the work is dropped unrun. Work running inline
+    /// advances only while this future is polled: hold the future without
+    /// polling it and the key waits, as it would for a held lock guard.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+    /// use calm::partition::SerialExecutor;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), calm::partition::SerialError> {
+    /// let balance = Arc::new(AtomicI64::new(100));
+    /// let writer = SerialExecutor::new();
+    /// let b = balance.clone();
+    /// let after = writer.run("account-1", async move {
+    ///     let before = b.load(Relaxed);
+    ///     tokio::task::yield_now().await; // I/O here would not break it
+    ///     b.store(before - 30, Relaxed);
+    ///     before - 30
+    /// }).await?;
+    /// assert_eq!(after, 70);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run<F>(&self, key: K, work: F) -> Result<F::Output, SerialError>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if let Some(runtime) = self.claim(&key) {
+            return Inline {
+                shared: self.shared.clone(),
+                key,
+                runtime,
+                work: Some(Box::pin(work)),
+            }
+            .await;
+        }
+        match self.submit(key, work).await {
+            Ok(done) => done.await,
+            Err(refused) => Err(refused.into_parts().0),
+        }
+    }
+
     /// Stops accepting work: every later submission, and every one waiting
     /// for room, is refused with [`SerialError::Closed`]. Work already
     /// accepted still runs. Idempotent.
@@ -774,33 +851,34 @@ where
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let Ok(runtime) = Handle::try_current() else {
+        let Some(runtime) = self.claim(key) else {
             return Err(work);
         };
-        {
-            let mut state = self.shared.lock(key);
-            if state.closed {
-                return Err(work);
-            }
-            let Entry::Vacant(idle) = state.partitions.entry(key.clone()) else {
-                return Err(work);
-            };
-            // Running work holds no place in the queue (as a popped job).
-            idle.insert(Partition::new(None));
-            self.shared.active.fetch_add(1, Ordering::AcqRel);
-        }
         // `call` catches the closure's panic, so nothing unwinds between
-        // the insert above and the pop below.
+        // the claim above and the hand-off below.
         let outcome = call(work);
-        if let Some(next) = self.shared.next_job(key) {
-            let drain = Drain {
-                shared: self.shared.clone(),
-                key: key.clone(),
-                armed: true,
-            };
-            runtime.spawn(drain.run(Some(next)));
-        }
+        hand_off(&self.shared, key, &runtime, None);
         Ok(Completion::ready(outcome))
+    }
+
+    /// Makes an idle `key` busy for work its caller runs itself: inserts
+    /// the key's partition with an empty queue (running work holds no
+    /// place in it, as a popped job), so submissions made meanwhile queue
+    /// behind that work. The caller must [`hand_off`] when the work ends.
+    /// `None` if the key is busy, the executor closed, or no runtime runs
+    /// here to drain what queues meanwhile.
+    fn claim(&self, key: &K) -> Option<Handle> {
+        let runtime = Handle::try_current().ok()?;
+        let mut state = self.shared.lock(key);
+        if state.closed {
+            return None;
+        }
+        let Entry::Vacant(idle) = state.partitions.entry(key.clone()) else {
+            return None;
+        };
+        idle.insert(Partition::new(None));
+        self.shared.active.fetch_add(1, Ordering::AcqRel);
+        Some(runtime)
     }
 
     /// Pushes `work`, waiting for a place while the key's queue is full.
@@ -901,6 +979,94 @@ impl<K: Eq + Hash> Shared<K> {
             self.emptied.notify_waiters();
         }
         None
+    }
+}
+
+/// Ends work run by the caller that [claimed](SerialExecutor::claim)
+/// `key`: starts a drain task with `first` (the rest of that work), or
+/// with whatever queued meanwhile, or else removes the key's partition.
+fn hand_off<K>(shared: &Arc<Shared<K>>, key: &K, runtime: &Handle, first: Option<Job>)
+where
+    K: Eq + Hash + Clone + Send + 'static,
+{
+    let Some(next) = first.or_else(|| shared.next_job(key)) else {
+        return;
+    };
+    let drain = Drain {
+        shared: shared.clone(),
+        key: key.clone(),
+        armed: true,
+    };
+    // If the runtime is shutting down it drops the future unpolled, and
+    // `Drain`'s drop tears the partition down.
+    runtime.spawn(drain.run(Some(next)));
+}
+
+/// Async work for a key claimed by [`SerialExecutor::run`], run inside the
+/// caller's future while the key's partition is held for it.
+struct Inline<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Send + 'static,
+{
+    /// The executor's state.
+    shared: Arc<Shared<K>>,
+    /// The claimed key.
+    key: K,
+    /// Where the drain task goes, if one is needed afterwards.
+    runtime: Handle,
+    /// The work, until it has finished or been handed to a drain task.
+    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+// The work is boxed; nothing else is ever pinned in place.
+impl<K, T> Unpin for Inline<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Send + 'static,
+{
+}
+
+impl<K, T> Future for Inline<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = Result<T, SerialError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // Polled again after it resolved: a misuse; stay pending.
+        let Some(work) = &mut this.work else {
+            return Poll::Pending;
+        };
+        let outcome = match Pin::new(&mut CatchUnwind(work)).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(output)) => Ok(output),
+            Poll::Ready(Err(payload)) => Err(SerialError::panicked(payload.as_ref())),
+        };
+        // A panic dropping the finished work must not skip the hand-off.
+        let finished = this.work.take();
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(finished)));
+        hand_off(&this.shared, &this.key, &this.runtime, None);
+        Poll::Ready(outcome)
+    }
+}
+
+impl<K, T> Drop for Inline<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Send + 'static,
+{
+    fn drop(&mut self) {
+        // The caller stopped waiting mid-run: the rest of the work runs on
+        // a drain task, ahead of whatever queued behind it.
+        if let Some(work) = self.work.take() {
+            let rest: Job = Box::pin(async move {
+                let _ = CatchUnwind(work).await;
+            });
+            hand_off(&self.shared, &self.key, &self.runtime, Some(rest));
+        }
     }
 }
 
