@@ -1,5 +1,8 @@
 //! The partition log: a single writer per partition across processes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use super::LogError;
 use crate::coord::{CoordError, FencingToken, StoreFence, View, rendezvous_score};
 use crate::occ::Version;
@@ -127,6 +130,12 @@ pub struct PartitionLog<S> {
     /// How many partitions (fixed for the log's life: commands are placed
     /// by `hash(key) % partitions`).
     partitions: u32,
+    /// Per partition, the progress this log (or a clone) last read or
+    /// wrote: the applied revision and the record's mod revision. A pass
+    /// starts from it instead of reading the record; the record's compare
+    /// in every apply transaction catches a stale entry, which is then
+    /// read afresh.
+    progress: Arc<Mutex<HashMap<u32, (Version, Version)>>>,
 }
 
 impl<S: Store + Clone> PartitionLog<S> {
@@ -154,6 +163,7 @@ impl<S: Store + Clone> PartitionLog<S> {
             store,
             prefix,
             partitions,
+            progress: Arc::default(),
         })
     }
 
@@ -318,6 +328,9 @@ impl<S: Store + Clone> PartitionLog<S> {
     /// Applies every waiting command of every partition that `member` owns
     /// in `view`, oldest first, each in one fenced transaction with the
     /// effects `handler` returns for it (store writes; may be empty).
+    /// `handler` only describes effects: it may be called more than once
+    /// for a command (when a transaction has to be retried), and only the
+    /// writes of the call whose transaction commits take effect.
     ///
     /// A partition where a newer owner has written stops at once and is
     /// listed in [`Applied::fenced`]: take a new view. Another member
@@ -376,26 +389,31 @@ impl<S: Store + Clone> PartitionLog<S> {
     where
         F: FnMut(&Command) -> Vec<TxnOp>,
     {
+        let commands = self.pending(partition).await?;
+        if commands.is_empty() {
+            return Ok(Ok(()));
+        }
         let fence = StoreFence::new(self.store.clone(), self.key("fence", partition, b""))?;
         let progress_key = self.key("progress", partition, b"");
-        let commands = self.pending(partition).await?;
-        let (mut done, mut progress_rev) = progress_of(
-            self.store
-                .get(&progress_key)
-                .await
-                .map_err(CoordError::from)?
-                .as_ref(),
-        )?;
-        for command in commands {
+        let cached = self.cached(partition);
+        // Whether the progress in hand was read in this pass.
+        let mut fresh = cached.is_none();
+        let (mut done, mut progress_rev) = match cached {
+            Some(progress) => progress,
+            None => self.read_progress(partition, &progress_key).await?,
+        };
+        let mut commands = commands.into_iter().peekable();
+        while let Some(command) = commands.peek() {
             if command.revision <= done {
                 // Applying a command deletes it in the same transaction,
                 // and a read sees every command up to its revision, so
                 // none at or below the progress can be waiting: never
                 // apply twice all the same.
+                commands.next();
                 continue;
             }
             let entry_key = self.key("log", partition, command.id.as_bytes());
-            let mut ops = handler(&command);
+            let mut ops = handler(command);
             ops.push(TxnOp::put(
                 &progress_key,
                 &command.revision.get().to_be_bytes(),
@@ -407,11 +425,23 @@ impl<S: Store + Clone> PartitionLog<S> {
                 Compare::mod_revision(&progress_key, CompareOp::Equal, progress_rev),
                 Compare::create_revision(&entry_key, CompareOp::Equal, command.revision),
             ];
-            match fence.write_if(token, compares, ops).await {
+            let outcome = fence.write_if(token, compares, ops).await;
+            if !matches!(outcome, Ok(Some(_))) {
+                self.forget(partition);
+            }
+            match outcome {
                 Ok(Some(revision)) => {
                     applied.commands += 1;
                     done = command.revision;
                     progress_rev = revision;
+                    self.remember(partition, (done, progress_rev));
+                    commands.next();
+                }
+                // The progress in hand was remembered, and another member
+                // (or clone) applied something since: read it and retry.
+                Ok(None) if !fresh => {
+                    fresh = true;
+                    (done, progress_rev) = self.read_progress(partition, &progress_key).await?;
                 }
                 // Another member applied something here first: re-read
                 // from its progress on the next pass.
@@ -421,6 +451,36 @@ impl<S: Store + Clone> PartitionLog<S> {
             }
         }
         Ok(Ok(()))
+    }
+
+    /// Reads `partition`'s progress record (at `key`) and remembers it.
+    async fn read_progress(
+        &self,
+        partition: u32,
+        key: &[u8],
+    ) -> Result<(Version, Version), LogError> {
+        let kv = self.store.get(key).await.map_err(CoordError::from)?;
+        let progress = progress_of(kv.as_ref())?;
+        self.remember(partition, progress);
+        Ok(progress)
+    }
+
+    fn progress_cache(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (Version, Version)>> {
+        // Only inserts and removes run under the lock: a poisoned map is
+        // still consistent, and any entry is checked before it is trusted.
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cached(&self, partition: u32) -> Option<(Version, Version)> {
+        self.progress_cache().get(&partition).copied()
+    }
+
+    fn remember(&self, partition: u32, progress: (Version, Version)) {
+        self.progress_cache().insert(partition, progress);
+    }
+
+    fn forget(&self, partition: u32) {
+        self.progress_cache().remove(&partition);
     }
 }
 
