@@ -386,3 +386,39 @@ async fn an_old_owner_finishing_first_is_not_applied_over() {
     assert!(by_a.fenced.contains(&p), "{by_a:?}");
     assert_eq!(log.pending(p).await.unwrap().len(), 1);
 }
+
+/// A member's remembered progress goes stale when another instance (a
+/// process that owned the partition meanwhile) applies a command: the
+/// stale member's next transaction fails its progress compare, and the
+/// same pass reads the progress afresh and applies the new command, once.
+#[tokio::test(flavor = "current_thread")]
+async fn remembered_progress_gone_stale_is_read_again() {
+    let store = MemoryStore::new();
+    let group = Ownership::new(store.clone(), "stale/members/").unwrap();
+    let lease = Lease::grant(store.clone(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    group.join("m", &lease).await.unwrap();
+    let view = group.view().await.unwrap();
+    // Two instances, as in two processes: no progress shared in memory.
+    let first = PartitionLog::new(store.clone(), "stale/log/", 1).unwrap();
+    let second = PartitionLog::new(store.clone(), "stale/log/", 1).unwrap();
+    let effect = |c: &calm::partition::Command| {
+        vec![TxnOp::put(
+            format!("stale/effects/{}", String::from_utf8_lossy(&c.payload)).as_bytes(),
+            b"",
+        )]
+    };
+    for (payload, log) in [(b"1", &first), (b"2", &second), (b"3", &first)] {
+        log.append(b"entity", payload).await.unwrap();
+        let applied = log.apply_owned(&view, "m", effect).await.unwrap();
+        assert_eq!(applied.commands, 1, "command {payload:?}: {applied:?}");
+    }
+    let effects = store.range(b"stale/effects/", None).await.unwrap().kvs;
+    assert_eq!(effects.len(), 3, "{effects:?}");
+    assert!(first.pending(0).await.unwrap().is_empty());
+    assert_eq!(
+        first.progress(0).await.unwrap(),
+        second.progress(0).await.unwrap()
+    );
+}
