@@ -84,6 +84,27 @@ async fn record(probe: Arc<Probe>, key: usize, ticket: u64, yields: u8) -> u64 {
     ticket
 }
 
+/// Checks that no key ever ran two pieces of work at once and that each
+/// submitter's work (ticket `sequence * 16 + submitter`) ran in its
+/// submission order on every key; returns how many pieces ran.
+fn runs_in_submitters_order(
+    probe: &Probe,
+    keys: usize,
+    submitters: u64,
+) -> Result<usize, TestCaseError> {
+    prop_assert!(!probe.overlapped.load(Ordering::SeqCst));
+    let mut ran = 0;
+    for key in 0..keys {
+        let log = probe.log(key);
+        ran += log.len();
+        for who in 0..submitters {
+            let mine: Vec<u64> = log.iter().copied().filter(|t| t % 16 == who).collect();
+            prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "key {key}: {log:?}");
+        }
+    }
+    Ok(ran)
+}
+
 /// A gate: work that awaits `wait` holds its key until `open` is sent.
 fn gate() -> (oneshot::Sender<()>, oneshot::Receiver<()>) {
     oneshot::channel()
@@ -184,17 +205,7 @@ proptest! {
             }
             serial.shutdown().await;
         });
-        prop_assert!(!probe.overlapped.load(Ordering::SeqCst));
-        let mut ran = 0;
-        for key in 0..3 {
-            let log = probe.log(key);
-            ran += log.len();
-            for who in 0..submitters {
-                let mine: Vec<u64> = log.iter().copied().filter(|t| t % 16 == who).collect();
-                prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "key {key}: {log:?}");
-            }
-        }
-        prop_assert_eq!(ran, total);
+        prop_assert_eq!(runs_in_submitters_order(&probe, 3, submitters)?, total);
         prop_assert_eq!(serial.active_keys(), 0);
     }
 
@@ -247,17 +258,7 @@ proptest! {
                 .await
                 .expect("every accepted piece ran and its key was freed");
         });
-        prop_assert!(!probe.overlapped.load(Ordering::SeqCst));
-        let mut ran = 0;
-        for key in 0..3 {
-            let log = probe.log(key);
-            ran += log.len();
-            for who in 0..submitters {
-                let mine: Vec<u64> = log.iter().copied().filter(|t| t % 16 == who).collect();
-                prop_assert!(mine.windows(2).all(|w| w[0] < w[1]), "key {key}: {log:?}");
-            }
-        }
-        prop_assert_eq!(ran, total);
+        prop_assert_eq!(runs_in_submitters_order(&probe, 3, submitters)?, total);
         prop_assert_eq!(serial.active_keys(), 0);
     }
 
