@@ -93,9 +93,14 @@ pub use serde_format::Serde;
 
 /// The version of the binary format written by this crate.
 ///
-/// Decoding bytes written with any other version fails with
+/// Version 2 changed only the layout of a [`Text`](crate::text::Text)
+/// document (see its module docs); bytes of version 1 are still read, as
+/// they were written. Decoding bytes of any other version fails with
 /// [`DecodeError::UnsupportedVersion`].
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The oldest format version this crate still reads.
+pub const OLDEST_FORMAT_VERSION: u8 = 1;
 
 /// Why bytes could not be decoded.
 ///
@@ -115,11 +120,11 @@ pub enum DecodeError {
         needed: usize,
     },
     /// The header names a format version this crate does not read.
-    #[error("unsupported format version {found} (this build reads version {supported})")]
+    #[error("unsupported format version {found} (this build reads versions up to {supported})")]
     UnsupportedVersion {
         /// The version found in the header.
         found: u8,
-        /// The version this build reads.
+        /// The newest version this build reads ([`FORMAT_VERSION`]).
         supported: u8,
     },
     /// The header names another type than the one asked for.
@@ -263,12 +268,26 @@ pub struct Decoder<'a> {
     input: &'a [u8],
     /// The offset of the next unread byte; always `<= input.len()`.
     pos: usize,
+    /// The format version the input was written in.
+    version: u8,
 }
 
 impl<'a> Decoder<'a> {
-    /// Creates a decoder at the start of `input`.
+    /// Creates a decoder at the start of `input`, written in the current
+    /// [`FORMAT_VERSION`].
     pub fn new(input: &'a [u8]) -> Self {
-        Self { input, pos: 0 }
+        Self {
+            input,
+            pos: 0,
+            version: FORMAT_VERSION,
+        }
+    }
+
+    /// The format version the input was written in: the header's, once
+    /// [`from_bytes`] has read it, else [`FORMAT_VERSION`]. A type whose
+    /// layout changed between versions reads it to choose its reader.
+    pub fn version(&self) -> u8 {
+        self.version
     }
 
     /// The offset of the next unread byte.
@@ -393,6 +412,7 @@ impl<'a> Decoder<'a> {
         let part = Decoder {
             input: &self.input[..end],
             pos: self.pos,
+            version: self.version,
         };
         self.pos = end;
         part
@@ -466,12 +486,13 @@ pub fn to_bytes<T: Tagged>(value: &T) -> Vec<u8> {
 pub fn from_bytes<T: Tagged>(bytes: &[u8]) -> Result<T, DecodeError> {
     let mut dec = Decoder::new(bytes);
     let version = dec.byte()?;
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(DecodeError::UnsupportedVersion {
             found: version,
             supported: FORMAT_VERSION,
         });
     }
+    dec.version = version;
     let tag = dec.byte()?;
     if tag != T::TAG {
         return Err(DecodeError::WrongType {

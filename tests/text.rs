@@ -471,13 +471,13 @@ fn ops_round_trip() {
     }
 }
 
-/// A 2^60 length where a document's replica table, an op's text or its
-/// hidden stretches should be allocates nothing like it.
+/// A 2^60 length where a version 1 document's replica table, an op's
+/// text or its hidden stretches should be allocates nothing like it.
 #[test]
 fn text_length_bomb_allocates_nothing() {
     for depth in 0..3 {
         let mut enc = Encoder::new();
-        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(1); // the ops layout of format version 1
         enc.byte(<Text as codec::Tagged>::TAG);
         if depth == 0 {
             enc.varint(1 << 60);
@@ -495,14 +495,74 @@ fn text_length_bomb_allocates_nothing() {
                 enc.varint(1 << 60); // hidden stretches
             }
         }
-        let bytes = enc.into_bytes();
-        let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(&bytes));
-        assert!(
-            matches!(result, Err(DecodeError::LengthOverflow { declared, .. }) if declared == 1 << 60),
-            "{result:?}"
-        );
-        assert!(allocated < 4096, "allocated {allocated} bytes");
+        assert_length_bomb(&enc.into_bytes());
     }
+}
+
+/// A 2^60 length at any count of the current layout (replicas, insert
+/// entries, a replica's delete entries, runs, the text, buffered ops)
+/// allocates nothing like it; with no bomb, the same bytes are "ac".
+#[test]
+fn document_length_bombs_allocate_nothing() {
+    for at in 0..=6 {
+        let mut enc = Encoder::new();
+        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<Text as codec::Tagged>::TAG);
+        let mut count = |enc: &mut Encoder, n: usize, section: usize| {
+            if section == at {
+                enc.varint(1 << 60);
+                true
+            } else {
+                enc.length(n);
+                false
+            }
+        };
+        if count(&mut enc, 1, 0) {
+            assert_length_bomb(&enc.into_bytes());
+            continue;
+        }
+        enc.varint(5); // replica 5, four events
+        enc.varint(4);
+        if !count(&mut enc, 1, 1) {
+            // "abc" typed at the start, then its "b" deleted (event 4).
+            enc.varint(0); // replica index
+            enc.varint(0); // counter gap
+            enc.varint(3); // length
+            enc.varint(0); // no left origin
+            enc.varint(0); // no right origin
+            if !count(&mut enc, 1, 2) {
+                enc.varint(3); // counter 4: a gap of 3 after none
+                enc.signed_varint(1); // target lv 1
+                enc.varint(1 << 1);
+                if !count(&mut enc, 3, 3) {
+                    for (lv, packed) in [(0, 1 << 1), (0, 1 << 1 | 1), (0, 1 << 1)] {
+                        enc.signed_varint(lv);
+                        enc.varint(packed);
+                    }
+                    if !count(&mut enc, 2, 4) {
+                        enc.raw(b"ac");
+                        count(&mut enc, 0, 5);
+                    }
+                }
+            }
+        }
+        if at == 6 {
+            let doc: Text = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+            assert_eq!(doc.to_string(), "ac");
+            doc.assert_invariants();
+        } else {
+            assert_length_bomb(&enc.into_bytes());
+        }
+    }
+}
+
+fn assert_length_bomb(bytes: &[u8]) {
+    let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(bytes));
+    assert!(
+        matches!(result, Err(DecodeError::LengthOverflow { declared, .. }) if declared == 1 << 60),
+        "{result:?}"
+    );
+    assert!(allocated < 4096, "allocated {allocated} bytes");
 }
 
 /// A hidden run that claims two billion characters in a few bytes is
@@ -510,7 +570,7 @@ fn text_length_bomb_allocates_nothing() {
 #[test]
 fn huge_hidden_runs_are_refused() {
     let mut enc = Encoder::new();
-    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(1); // the ops layout of format version 1
     enc.byte(<Text as codec::Tagged>::TAG);
     enc.length(1);
     enc.varint(5);
@@ -566,9 +626,10 @@ fn a_document_encoded_under_the_old_origin_rule_keeps_its_text() {
     let doc: Text = codec::from_bytes(bytes).expect("an old document decodes");
     assert_eq!(doc.to_string(), text);
     assert_eq!(doc.to_string(), ">A Xuickslow catn fox");
-    assert_eq!(
-        codec::to_bytes(&doc),
-        bytes,
-        "and encodes to the same bytes"
-    );
+    doc.assert_invariants();
+    let now = codec::to_bytes(&doc);
+    assert_eq!(now[0], codec::FORMAT_VERSION, "it is written in today's layout");
+    let back: Text = codec::from_bytes(&now).expect("and reads back");
+    assert_eq!(back, doc);
+    assert_eq!(codec::to_bytes(&back), now);
 }

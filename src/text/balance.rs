@@ -5,11 +5,119 @@
 //!
 //! See the module docs of `tree.rs` for the shape these functions keep.
 
+use std::collections::BTreeMap;
+
 use super::NONE;
-use super::leaf::{Leaf, MAX_RUNS, Run, char_len, utf16_len};
+use super::leaf::{Leaf, MAX_BYTES, MAX_RUNS, Run, char_len, utf16_len};
 use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
 
 impl Tree {
+    /// A tree of `runs`, in document order, whose visible runs hold the
+    /// characters of `text` in turn (their lengths must sum to its
+    /// character count): how a document is loaded without integrating
+    /// anything. Leaves are filled to three quarters, so the first edits
+    /// in them do not split them at once; a visible run longer than a
+    /// leaf's byte budget is cut across leaves.
+    pub(crate) fn build(runs: &[Run], text: &str) -> Self {
+        const FILL_RUNS: usize = MAX_RUNS * 3 / 4;
+        const FILL_BYTES: usize = MAX_BYTES * 3 / 4;
+        let mut tree = Tree::default();
+        if runs.is_empty() {
+            return tree;
+        }
+        tree.leaves.clear();
+        let mut leaf = Leaf::root();
+        let mut rest = text;
+        let flush = |tree: &mut Tree, leaf: &mut Leaf| {
+            let id = tree.leaves.len() as u32;
+            let mut done = std::mem::replace(leaf, Leaf::root());
+            done.prev = if id == 0 { NONE } else { id - 1 };
+            done.next = NONE;
+            if id > 0 {
+                tree.leaves[id as usize - 1].next = id;
+            }
+            done.utf16 = utf16_len(&done.text);
+            tree.leaves.push(done);
+        };
+        for &run in runs {
+            let mut run = run;
+            loop {
+                if leaf.runs.len() >= FILL_RUNS || leaf.text.len() >= FILL_BYTES {
+                    flush(&mut tree, &mut leaf);
+                }
+                if run.deleted() {
+                    leaf.runs.push(run);
+                    break;
+                }
+                let room = FILL_BYTES - leaf.text.len();
+                let (chars, bytes) = take_chars(rest, run.len() as usize, room);
+                leaf.text.push_str(&rest[..bytes]);
+                leaf.chars += chars;
+                rest = &rest[bytes..];
+                let chars = chars as u32;
+                if chars == run.len() {
+                    leaf.runs.push(run);
+                    break;
+                }
+                let (head, tail) = run.split(chars);
+                leaf.runs.push(head);
+                run = tail;
+                flush(&mut tree, &mut leaf);
+            }
+        }
+        if !leaf.runs.is_empty() {
+            flush(&mut tree, &mut leaf);
+        }
+        // The index: one entry per range of local versions in one leaf.
+        let mut starts: Vec<(u32, u32)> = Vec::new();
+        for (id, leaf) in tree.leaves.iter().enumerate() {
+            starts.extend(leaf.runs.iter().map(|r| (r.lv, id as u32)));
+        }
+        starts.sort_unstable();
+        starts.dedup_by(|next, prev| next.1 == prev.1);
+        tree.index = starts.into_iter().collect::<BTreeMap<u32, u32>>();
+        // Internal nodes, level by level, children spread evenly.
+        let mut level: Vec<(u32, Metrics)> = tree
+            .leaves
+            .iter()
+            .enumerate()
+            .map(|(id, l)| (id as u32, Metrics::of(l)))
+            .collect();
+        tree.total = level.iter().fold(Metrics::default(), |mut m, l| {
+            m.add(l.1);
+            m
+        });
+        let mut leaves = true;
+        while level.len() > 1 {
+            let size = level.len().div_ceil(level.len().div_ceil(FANOUT));
+            let mut above = Vec::with_capacity(level.len().div_ceil(size));
+            for group in level.chunks(size) {
+                let id = tree.nodes.len() as u32;
+                let mut node = Node {
+                    len: group.len(),
+                    children: [NONE; FANOUT + 1],
+                    metrics: [Metrics::default(); FANOUT + 1],
+                    parent: NONE,
+                    slot: 0,
+                    leaves,
+                };
+                for (slot, &(child, m)) in group.iter().enumerate() {
+                    node.children[slot] = child;
+                    node.metrics[slot] = m;
+                }
+                above.push((id, node.sum(0..group.len())));
+                tree.nodes.push(node);
+                for (slot, &(child, _)) in group.iter().enumerate() {
+                    tree.set_parent(child, leaves, id, slot);
+                }
+            }
+            level = above;
+            leaves = false;
+        }
+        tree.root = level[0].0;
+        tree
+    }
+
     /// Records that the new local versions from `lv` on live in `leaf`.
     pub(super) fn index_append(&mut self, lv: u32, leaf: u32) {
         match self.index.last_key_value() {
@@ -258,6 +366,27 @@ impl Tree {
             }
         }
     }
+}
+
+/// The first characters of `s`, at most `n` of them and at least one, in
+/// at most `max_bytes` bytes unless a single character needs more: their
+/// count and their length in bytes.
+fn take_chars(s: &str, n: usize, max_bytes: usize) -> (usize, usize) {
+    let ascii = n.min(max_bytes).min(s.len());
+    if ascii > 0 && s.as_bytes()[..ascii].is_ascii() && (ascii == n || ascii == max_bytes) {
+        return (ascii, ascii);
+    }
+    let mut taken = 0;
+    let mut bytes = 0;
+    for c in s.chars() {
+        let w = c.len_utf8();
+        if taken == n || (taken > 0 && bytes + w > max_bytes) {
+            break;
+        }
+        taken += 1;
+        bytes += w;
+    }
+    (taken, bytes)
 }
 
 /// Where to split an overfull leaf: a run index, after splitting one run in

@@ -6,7 +6,9 @@
 //! targets. Ids inside a body that belong to the op's own replica are
 //! written as "this replica, `k` events back", one or two bytes.
 //!
-//! A document is written as the ops that rebuild it, grouped by replica:
+//! A document is written in the layout of [`super::snapshot`] (format
+//! version 2). Format version 1 wrote it as the ops that rebuild it,
+//! grouped by replica, and this module still reads that:
 //!
 //! ```text
 //!   replicas   count, ids in ascending order
@@ -18,16 +20,17 @@
 //! ```
 //!
 //! Ops are maximal (no two neighbours could be joined) and in counter
-//! order, so equal documents encode to equal bytes. Decoding replays the
-//! ops through [`Text::apply`]'s integration, which checks every id,
-//! origin and target; an encoding whose ops cannot all be integrated is a
-//! [`DecodeError`]. Every allocation is bounded by the input: lengths are
-//! checked against the bytes left, and a long run of deleted characters
-//! costs one 8-byte run however long it claims to be.
+//! order. Decoding replays the ops through [`Text::apply`]'s integration,
+//! which checks every id, origin and target; an encoding whose ops cannot
+//! all be integrated is a [`DecodeError`]. Every allocation is bounded by
+//! the input: lengths are checked against the bytes left, and a long run
+//! of deleted characters costs one 8-byte run however long it claims to
+//! be.
 
 use super::document::Text;
 use super::leaf::char_len;
 use super::op::{Content, Insertion, OpKind, Target, TextOp};
+use super::snapshot;
 use crate::causal::{Dot, ReplicaId};
 use crate::codec::{self, Codec, DecodeError, Decoder, Encoder, Tagged, tags};
 
@@ -238,117 +241,129 @@ impl Tagged for TextOp {
 
 impl Codec for Text {
     fn encode(&self, enc: &mut Encoder) {
-        let agents = self.history.known_versions();
-        let table: Vec<ReplicaId> = agents.iter().map(|a| a.0).collect();
-        codec::encode_seq(enc, table.len(), &table);
-        for &(_, known) in &agents {
-            enc.varint(known);
-        }
-        for op in self.ops_after(|_| 0) {
-            write_body(enc, Names::Table(&table), &op);
-        }
-        enc.length(self.pending.iter().count());
-        for op in self.pending.iter() {
-            op.encode(enc);
-        }
+        snapshot::write(self, enc);
     }
 
     fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
-        let mut table = Vec::new();
-        codec::decode_sorted(dec, ReplicaId::decode, |r| table.push(r))?;
-        let mut known = Vec::with_capacity(table.len());
-        for _ in &table {
-            match dec.varint()? {
-                0 => return Err(dec.invalid("replica without events")),
-                k => known.push(k),
-            }
+        match dec.version() {
+            1 => read_ops_layout(dec),
+            _ => snapshot::read(dec),
         }
-        let mut text = Text::default();
-        let mut visible = 0usize;
-        for (&r, &k) in table.iter().zip(&known) {
-            let mut counter = 1;
-            // The op read before, to check ops are maximal.
-            let mut prev: Option<TextOp> = None;
-            while counter <= k {
-                let offset = dec.offset();
-                let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
-                let invalid = |what| DecodeError::Invalid { offset, what };
-                if op.is_empty() || op.end() - 1 > k {
-                    return Err(invalid("op empty or past its replica's version"));
-                }
-                if prev.as_ref().is_some_and(|p| p.joins(&op)) {
-                    return Err(invalid("ops not joined"));
-                }
-                counter = op.end();
-                if let OpKind::Insert(ins) = &op.kind {
-                    visible += char_len(&ins.text);
-                }
-                // An op whose dependencies are all here (every op of a
-                // document with one replica) is integrated at once; the
-                // others wait in the buffer, already in its normal form
-                // (in counter order, not overlapping, not joinable).
-                let waiting = text
-                    .pending
-                    .by_replica
-                    .get(&r)
-                    .is_some_and(|q| !q.is_empty());
-                if !waiting && op.id.counter() - 1 == text.history.known(r) {
-                    match text.try_integrate(&op) {
-                        Ok(true) => {
-                            prev = Some(op);
-                            continue;
-                        }
-                        Ok(false) => {}
-                        Err(_) => return Err(invalid("op that can never be integrated")),
-                    }
-                }
-                text.pending
-                    .by_replica
-                    .entry(r)
-                    .or_default()
-                    .push_back(op.clone());
-                prev = Some(op);
-            }
-        }
-        text.drain();
-        let end = dec.offset();
-        let complete = table
-            .iter()
-            .zip(&known)
-            .all(|(&r, &k)| text.history.known(r) == k);
-        if !complete || !text.pending.is_empty() {
-            return Err(DecodeError::Invalid {
-                offset: end,
-                what: "ops with missing or invalid dependencies",
-            });
-        }
-        if text.len() != visible {
-            return Err(DecodeError::Invalid {
-                offset: end,
-                what: "text sent for a deleted character",
-            });
-        }
-        let n = dec.length()?;
-        let mut last: Option<(ReplicaId, u64)> = None;
-        for _ in 0..n {
-            let offset = dec.offset();
-            let op = TextOp::decode(dec)?;
-            let invalid = |what| DecodeError::Invalid { offset, what };
-            if op.is_empty() || op.id.counter() <= text.history.known(op.replica()) {
-                return Err(invalid("buffered op empty or already applied"));
-            }
-            let queue = text.pending.by_replica.entry(op.replica()).or_default();
-            let in_order = last.is_none_or(|l| l <= (op.replica(), op.id.counter()));
-            if !in_order || queue.back().is_some_and(|p| p.joins(&op)) {
-                return Err(invalid(
-                    "buffered ops out of order, overlapping or not joined",
-                ));
-            }
-            last = Some((op.replica(), op.end()));
-            queue.push_back(op);
-        }
-        Ok(text)
     }
+}
+
+/// Writes the buffered ops of `text`: their count, then each in full.
+pub(super) fn write_buffered(text: &Text, enc: &mut Encoder) {
+    enc.length(text.pending.iter().count());
+    for op in text.pending.iter() {
+        op.encode(enc);
+    }
+}
+
+/// Reads what [`write_buffered`] wrote into `text`'s buffer, checking
+/// that the ops are new, in order, and in their normal form.
+pub(super) fn read_buffered(dec: &mut Decoder<'_>, text: &mut Text) -> Result<(), DecodeError> {
+    let n = dec.length()?;
+    let mut last: Option<(ReplicaId, u64)> = None;
+    for _ in 0..n {
+        let offset = dec.offset();
+        let op = TextOp::decode(dec)?;
+        let invalid = |what| DecodeError::Invalid { offset, what };
+        if op.is_empty() || op.id.counter() <= text.history.known(op.replica()) {
+            return Err(invalid("buffered op empty or already applied"));
+        }
+        let queue = text.pending.by_replica.entry(op.replica()).or_default();
+        let in_order = last.is_none_or(|l| l <= (op.replica(), op.id.counter()));
+        if !in_order || queue.back().is_some_and(|p| p.joins(&op)) {
+            return Err(invalid(
+                "buffered ops out of order, overlapping or not joined",
+            ));
+        }
+        last = Some((op.replica(), op.end()));
+        queue.push_back(op);
+    }
+    Ok(())
+}
+
+/// Reads a document in the layout of format version 1 (see the module
+/// docs), replaying its ops.
+fn read_ops_layout(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
+    let mut table = Vec::new();
+    codec::decode_sorted(dec, ReplicaId::decode, |r| table.push(r))?;
+    let mut known = Vec::with_capacity(table.len());
+    for _ in &table {
+        match dec.varint()? {
+            0 => return Err(dec.invalid("replica without events")),
+            k => known.push(k),
+        }
+    }
+    let mut text = Text::default();
+    let mut visible = 0usize;
+    for (&r, &k) in table.iter().zip(&known) {
+        let mut counter = 1;
+        // The op read before, to check ops are maximal.
+        let mut prev: Option<TextOp> = None;
+        while counter <= k {
+            let offset = dec.offset();
+            let op = read_body(dec, Names::Table(&table), Dot::new(r, counter))?;
+            let invalid = |what| DecodeError::Invalid { offset, what };
+            if op.is_empty() || op.end() - 1 > k {
+                return Err(invalid("op empty or past its replica's version"));
+            }
+            if prev.as_ref().is_some_and(|p| p.joins(&op)) {
+                return Err(invalid("ops not joined"));
+            }
+            counter = op.end();
+            if let OpKind::Insert(ins) = &op.kind {
+                visible += char_len(&ins.text);
+            }
+            // An op whose dependencies are all here (every op of a
+            // document with one replica) is integrated at once; the
+            // others wait in the buffer, already in its normal form
+            // (in counter order, not overlapping, not joinable).
+            let waiting = text
+                .pending
+                .by_replica
+                .get(&r)
+                .is_some_and(|q| !q.is_empty());
+            if !waiting && op.id.counter() - 1 == text.history.known(r) {
+                match text.try_integrate(&op) {
+                    Ok(true) => {
+                        prev = Some(op);
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(_) => return Err(invalid("op that can never be integrated")),
+                }
+            }
+            text.pending
+                .by_replica
+                .entry(r)
+                .or_default()
+                .push_back(op.clone());
+            prev = Some(op);
+        }
+    }
+    text.drain();
+    let end = dec.offset();
+    let complete = table
+        .iter()
+        .zip(&known)
+        .all(|(&r, &k)| text.history.known(r) == k);
+    if !complete || !text.pending.is_empty() {
+        return Err(DecodeError::Invalid {
+            offset: end,
+            what: "ops with missing or invalid dependencies",
+        });
+    }
+    if text.len() != visible {
+        return Err(DecodeError::Invalid {
+            offset: end,
+            what: "text sent for a deleted character",
+        });
+    }
+    read_buffered(dec, &mut text)?;
+    Ok(text)
 }
 
 impl Tagged for Text {

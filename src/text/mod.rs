@@ -219,6 +219,7 @@ mod integrate;
 mod leaf;
 mod op;
 mod pending;
+mod snapshot;
 mod tree;
 
 pub use document::{Chunks, Text};

@@ -1,0 +1,351 @@
+//! A [`Text`] document as bytes (format version 2): its own structures,
+//! written as they are, so that loading is a linear scan that integrates
+//! nothing.
+//!
+//! ```text
+//!   replicas   count; per replica, in the document's order: its id and
+//!              how many of its events are here (> 0)
+//!   inserts    count; per insert entry, in local-version order: the
+//!              replica's index, the counter (as the gap after the
+//!              replica's previous entry), the length, and the two
+//!              origins as distances back from the entry's first local
+//!              version (0: a document end)
+//!   deletes    per replica: count; per delete entry, in counter order:
+//!              the counter (gap after the previous entry), the first
+//!              target (zig-zag, from the previous entry's last), and the
+//!              length shifted left once, the low bit set when reversed
+//!   runs       count; per run, in document order: its first local
+//!              version (zig-zag, from the previous run's end), and its
+//!              length shifted left once, the low bit set when deleted
+//!   text       the visible text, UTF-8, length-prefixed
+//!   buffered   count, then each buffered op in full
+//! ```
+//!
+//! Every entry and run is maximal (no two neighbours could be joined), so
+//! a decoded document encodes back to the same bytes. Local versions are
+//! the encoding replica's own numbering, so two replicas that integrated
+//! the same edits in different orders may write different bytes for
+//! equal documents.
+//!
+//! # What decoding checks
+//!
+//! Every rule the structures rely on, in time linear in the input (up to
+//! a logarithm): replicas listed once; per replica, insert and delete
+//! entries tiling counters `1 ..= known` exactly; origins earlier than
+//! the characters that name them (so local-version order stays a causal
+//! order); the runs covering every local version once; a character
+//! deleted exactly when some delete entry targets it; the text as long as
+//! the visible runs; and in document order every character after its left
+//! origin and before its right origin. Allocation is bounded by the input:
+//! a run or entry claiming a billion characters costs its few bytes.
+//!
+//! What it does not check is that concurrent insertions between one pair
+//! of origins sit in the order the integration rule would give them: that
+//! takes integrating them, which is what this layout saves. A document
+//! crafted to break that order loads, edits and merges without error, but
+//! may not converge with replicas that got the same edits as ops. Take
+//! documents from peers you trust to run calm, or exchange ops and deltas
+//! with untrusted ones: ops are integrated, never trusted.
+//!
+//! Format version 1 wrote the document as its ops and replayed them on
+//! load; [`super::encoding`] still reads it.
+
+use super::document::Text;
+use super::encoding::{read_buffered, write_buffered};
+use super::leaf::{Run, char_len};
+use super::tree::Tree;
+use super::{MAX_ITEMS, NONE};
+use crate::causal::ReplicaId;
+use crate::codec::{Codec, DecodeError, Decoder, Encoder};
+
+/// Writes `text` in the layout of the module docs.
+pub(super) fn write(text: &Text, enc: &mut Encoder) {
+    let h = &text.history;
+    // Replicas with events, renumbered in the document's order.
+    let mut index = vec![NONE; h.agents.len()];
+    let kept: Vec<usize> = (0..h.agents.len())
+        .filter(|&a| h.agents[a].known > 0)
+        .collect();
+    enc.length(kept.len());
+    for (i, &a) in kept.iter().enumerate() {
+        index[a] = i as u32;
+        h.agents[a].id.encode(enc);
+        enc.varint(h.agents[a].known);
+    }
+    enc.length(h.inserts.len());
+    let mut next = vec![1u64; kept.len()];
+    for (i, e) in h.inserts.iter().enumerate() {
+        let a = index[e.agent as usize] as usize;
+        let len = h.entry_len(i);
+        enc.varint(a as u64);
+        enc.varint(e.counter - next[a]);
+        next[a] = e.counter + u64::from(len);
+        enc.varint(u64::from(len));
+        write_origin(enc, e.lv, e.origin_left);
+        write_origin(enc, e.lv, e.origin_right);
+    }
+    for &a in &kept {
+        let deletes = &h.agents[a].deletes;
+        enc.length(deletes.len());
+        let (mut next, mut last) = (1u64, 0i64);
+        for d in deletes {
+            enc.varint(d.counter - next);
+            next = d.counter + u64::from(d.len());
+            enc.signed_varint(i64::from(d.target) - last);
+            last = i64::from(d.target + d.len());
+            enc.varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
+        }
+    }
+    // Runs in document order, joined across leaf boundaries.
+    let mut runs: Vec<Run> = Vec::new();
+    for leaf in text.tree.leaves() {
+        for &r in &leaf.runs {
+            match runs.last_mut() {
+                Some(last) if last.joins(r) => *last = last.with_len(last.len() + r.len()),
+                _ => runs.push(r),
+            }
+        }
+    }
+    enc.length(runs.len());
+    let mut end = 0i64;
+    for r in &runs {
+        enc.signed_varint(i64::from(r.lv) - end);
+        end = i64::from(r.end());
+        enc.varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
+    }
+    enc.length(text.tree.metrics().bytes);
+    for chunk in text.chunks() {
+        enc.raw(chunk.as_bytes());
+    }
+    write_buffered(text, enc);
+}
+
+/// An origin of the entry starting at `lv`: 0 for a document end, else
+/// how far back it is.
+fn write_origin(enc: &mut Encoder, lv: u32, origin: u32) {
+    enc.varint(if origin == NONE {
+        0
+    } else {
+        u64::from(lv - origin)
+    });
+}
+
+fn read_origin(dec: &mut Decoder<'_>, lv: u32) -> Result<u32, DecodeError> {
+    match dec.varint()? {
+        0 => Ok(NONE),
+        back if back <= u64::from(lv) => Ok(lv - back as u32),
+        _ => Err(dec.invalid("origin not before the character naming it")),
+    }
+}
+
+/// `base + delta` as a local version below `items`.
+fn read_lv(dec: &mut Decoder<'_>, base: i64, items: u32) -> Result<u32, DecodeError> {
+    let delta = dec.signed_varint()?;
+    base.checked_add(delta)
+        .and_then(|lv| u32::try_from(lv).ok())
+        .filter(|&lv| lv < items)
+        .ok_or_else(|| dec.invalid("local version out of range"))
+}
+
+/// A length and flag packed as `len << 1 | flag`, with `1 <= len <= max`.
+fn read_len(dec: &mut Decoder<'_>, max: u32) -> Result<(u32, bool), DecodeError> {
+    let packed = dec.varint()?;
+    match u32::try_from(packed >> 1) {
+        Ok(len) if len > 0 && len <= max => Ok((len, packed & 1 == 1)),
+        _ => Err(dec.invalid("empty or overlong stretch")),
+    }
+}
+
+/// Reads a document in the layout of the module docs, checking it.
+pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
+    let mut text = Text::default();
+    let h = &mut text.history;
+    let n = dec.length()?;
+    let mut known = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = ReplicaId::decode(dec)?;
+        let k = dec.varint()?;
+        if k == 0 || h.agent(id).is_some() {
+            return Err(dec.invalid("replica without events or listed twice"));
+        }
+        h.intern(id);
+        known.push(k);
+    }
+    let entries = dec.length()?;
+    let mut next = vec![1u64; n];
+    for _ in 0..entries {
+        let a = usize::try_from(dec.varint()?)
+            .ok()
+            .filter(|&a| a < n)
+            .ok_or_else(|| dec.invalid("replica index out of range"))?;
+        let counter = next[a].checked_add(dec.varint()?);
+        let len = dec.varint()?;
+        let lv = h.items;
+        let end = counter.and_then(|c| c.checked_add(len));
+        let (Some(counter), Some(end)) = (counter, end) else {
+            return Err(dec.invalid("counter out of range"));
+        };
+        if len == 0 || len > u64::from(MAX_ITEMS - lv) || end - 1 > known[a] {
+            return Err(dec.invalid("insert entry empty, too long or past its replica"));
+        }
+        let left = read_origin(dec, lv)?;
+        let right = read_origin(dec, lv)?;
+        let count = h.inserts.len();
+        h.push_insert(a as u32, counter, len as u32, left, right);
+        if h.inserts.len() == count {
+            return Err(dec.invalid("insert entries not joined"));
+        }
+        next[a] = end;
+    }
+    let items = h.items;
+    let mut dead: Vec<(u32, u32)> = Vec::new();
+    for (a, &k) in known.iter().enumerate() {
+        let count = dec.length()?;
+        let (mut next, mut last) = (1u64, 0i64);
+        for _ in 0..count {
+            let counter = next.checked_add(dec.varint()?);
+            let target = read_lv(dec, last, items)?;
+            let (len, reversed) = read_len(dec, items - target)?;
+            let end = counter.and_then(|c| c.checked_add(u64::from(len)));
+            let (Some(counter), Some(end)) = (counter, end) else {
+                return Err(dec.invalid("counter out of range"));
+            };
+            let agent = &h.agents[a];
+            let joined = agent.deletes.len();
+            if end - 1 > k || (reversed && len == 1) {
+                return Err(dec.invalid("delete entry past its replica or not canonical"));
+            }
+            h.push_delete(a as u32, counter, target, len, reversed);
+            if h.agents[a].deletes.len() == joined {
+                return Err(dec.invalid("delete entries not joined"));
+            }
+            dead.push((target, target + len));
+            (next, last) = (end, i64::from(target + len));
+        }
+    }
+    let offset = dec.offset();
+    let invalid = |what| DecodeError::Invalid { offset, what };
+    // Each replica's entries tile its counters.
+    for (a, &k) in known.iter().enumerate() {
+        let agent = &h.agents[a];
+        let mut ins = agent.inserts.iter().map(|&e| {
+            let e = e as usize;
+            (h.inserts[e].counter, u64::from(h.entry_len(e)))
+        });
+        let mut del = agent.deletes.iter().map(|d| (d.counter, u64::from(d.len())));
+        let (mut i, mut d) = (ins.next(), del.next());
+        let mut at = 1;
+        loop {
+            match (i, d) {
+                (Some((c, len)), _) if c == at => (at, i) = (c + len, ins.next()),
+                (_, Some((c, len))) if c == at => (at, d) = (c + len, del.next()),
+                (None, None) => break,
+                _ => return Err(invalid("a replica's events overlap or leave a gap")),
+            }
+        }
+        if at != k + 1 {
+            return Err(invalid("a replica's events overlap or leave a gap"));
+        }
+    }
+    for (agent, &k) in text.history.agents.iter_mut().zip(&known) {
+        agent.known = k;
+    }
+    let h = &text.history;
+
+    let count = dec.length()?;
+    let mut runs: Vec<Run> = Vec::with_capacity(count);
+    let mut end = 0i64;
+    let mut visible = 0u64;
+    for _ in 0..count {
+        let lv = read_lv(dec, end, items)?;
+        let (len, deleted) = read_len(dec, items - lv)?;
+        let run = Run::new(lv, len, deleted);
+        if runs.last().is_some_and(|p| p.joins(run)) {
+            return Err(dec.invalid("runs not joined"));
+        }
+        runs.push(run);
+        visible += u64::from(run.visible());
+        end = i64::from(run.end());
+    }
+    let offset = dec.offset();
+    let invalid = |what| DecodeError::Invalid { offset, what };
+    // The runs in local-version order must tile `0 .. items`.
+    let mut by_lv: Vec<u32> = (0..runs.len() as u32).collect();
+    by_lv.sort_unstable_by_key(|&i| runs[i as usize].lv);
+    let mut at = 0;
+    for &i in &by_lv {
+        let r = runs[i as usize];
+        if r.lv != at {
+            return Err(invalid("runs overlap or leave a gap"));
+        }
+        at = r.end();
+    }
+    if at != items {
+        return Err(invalid("runs overlap or leave a gap"));
+    }
+    // Deleted exactly where some delete entry aimed.
+    dead.sort_unstable();
+    let dead = union(dead);
+    let tombs = union(
+        by_lv
+            .iter()
+            .map(|&i| runs[i as usize])
+            .filter(|r| r.deleted())
+            .map(|r| (r.lv, r.end()))
+            .collect(),
+    );
+    if dead != tombs {
+        return Err(invalid("deleted characters differ from the delete entries"));
+    }
+    // Every character between its origins in document order. Inside a
+    // run, a character's left origin is the one before it unless it
+    // starts an insert entry, so entries' and runs' first characters are
+    // all there is to check.
+    let pos = |lv: u32| {
+        let k = by_lv.partition_point(|&i| runs[i as usize].lv <= lv) - 1;
+        let i = by_lv[k];
+        (i, lv - runs[i as usize].lv)
+    };
+    for (e, entry) in h.inserts.iter().enumerate() {
+        let first = entry.lv;
+        let last = first + h.entry_len(e) - 1;
+        let left_ok = entry.origin_left == NONE || pos(entry.origin_left) < pos(first);
+        let right_ok = entry.origin_right == NONE || pos(last) < pos(entry.origin_right);
+        if !left_ok || !right_ok {
+            return Err(invalid("a character outside its origins"));
+        }
+    }
+    for r in &runs {
+        let x = r.lv;
+        if x > 0 && h.inserts[h.entry_of(x)].lv != x && pos(x - 1) >= pos(x) {
+            return Err(invalid("a character outside its origins"));
+        }
+    }
+
+    let at = dec.offset();
+    let bytes = dec.bytes()?;
+    let visible_text =
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
+    if char_len(visible_text) as u64 != visible {
+        return Err(DecodeError::Invalid {
+            offset: at,
+            what: "text not as long as the visible runs",
+        });
+    }
+    text.tree = Tree::build(&runs, visible_text);
+    read_buffered(dec, &mut text)?;
+    Ok(text)
+}
+
+/// The union of sorted ranges, as sorted disjoint ranges with gaps
+/// between them.
+fn union(ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
