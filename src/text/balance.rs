@@ -69,13 +69,16 @@ impl Tree {
             flush(&mut tree, &mut leaf);
         }
         // The index: one entry per range of local versions in one leaf.
-        let mut starts: Vec<(u32, u32)> = Vec::new();
+        let mut starts: Vec<u64> = Vec::new();
         for (id, leaf) in tree.leaves.iter().enumerate() {
-            starts.extend(leaf.runs.iter().map(|r| (r.lv, id as u32)));
+            starts.extend(leaf.runs.iter().map(|r| u64::from(r.lv) << 32 | id as u64));
         }
         starts.sort_unstable();
-        starts.dedup_by(|next, prev| next.1 == prev.1);
-        tree.index = starts.into_iter().collect::<BTreeMap<u32, u32>>();
+        starts.dedup_by(|next, prev| *next as u32 == *prev as u32);
+        tree.index = starts
+            .into_iter()
+            .map(|x| ((x >> 32) as u32, x as u32))
+            .collect::<BTreeMap<u32, u32>>();
         // Internal nodes, level by level, children spread evenly.
         let mut level: Vec<(u32, Metrics)> = tree
             .leaves

@@ -269,12 +269,18 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
     let offset = dec.offset();
     let invalid = |what| DecodeError::Invalid { offset, what };
-    // The runs in local-version order must tile `0 .. items`.
-    let mut by_lv: Vec<u32> = (0..runs.len() as u32).collect();
-    by_lv.sort_unstable_by_key(|&i| runs[i as usize].lv);
+    // The runs in local-version order (as `lv << 32 | index`) must tile
+    // `0 .. items`.
+    let mut by_lv: Vec<u64> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| u64::from(r.lv) << 32 | i as u64)
+        .collect();
+    by_lv.sort_unstable();
+    let run_of = |k: usize| runs[(by_lv[k] & 0xffff_ffff) as usize];
     let mut at = 0;
-    for &i in &by_lv {
-        let r = runs[i as usize];
+    for k in 0..by_lv.len() {
+        let r = run_of(k);
         if r.lv != at {
             return Err(invalid("runs overlap or leave a gap"));
         }
@@ -287,9 +293,8 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     dead.sort_unstable();
     let dead = union(dead);
     let tombs = union(
-        by_lv
-            .iter()
-            .map(|&i| runs[i as usize])
+        (0..by_lv.len())
+            .map(run_of)
             .filter(|r| r.deleted())
             .map(|r| (r.lv, r.end()))
             .collect(),
@@ -301,9 +306,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // run, a character's left origin is the one before it unless it
     // starts an insert entry, so entries' and runs' first characters are
     // all there is to check.
+    let find = RunFinder::new(&by_lv, items);
     let pos = |lv: u32| {
-        let k = by_lv.partition_point(|&i| runs[i as usize].lv <= lv) - 1;
-        let i = by_lv[k];
+        let k = find.run_of(lv);
+        let i = (by_lv[k] & 0xffff_ffff) as u32;
         (i, lv - runs[i as usize].lv)
     };
     for (e, entry) in h.inserts.iter().enumerate() {
@@ -315,9 +321,15 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             return Err(invalid("a character outside its origins"));
         }
     }
-    for r in &runs {
-        let x = r.lv;
-        if x > 0 && h.inserts[h.entry_of(x)].lv != x && pos(x - 1) >= pos(x) {
+    // Runs and entries both in local-version order: walk them together.
+    let mut e = 0;
+    for k in 1..by_lv.len() {
+        let x = run_of(k).lv;
+        while h.inserts.get(e + 1).is_some_and(|n| n.lv <= x) {
+            e += 1;
+        }
+        let starts_entry = h.inserts[e].lv == x;
+        if !starts_entry && pos(x - 1) >= pos(x) {
             return Err(invalid("a character outside its origins"));
         }
     }
@@ -335,6 +347,47 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     text.tree = Tree::build(&runs, visible_text);
     read_buffered(dec, &mut text)?;
     Ok(text)
+}
+
+/// Finds the run holding a local version among runs sorted by local
+/// version (`lv << 32 | index`, tiling `0 .. items`): a table of where
+/// each stretch of `2^shift` local versions starts narrows a binary
+/// search to the runs of one stretch. The table has about as many slots
+/// as there are runs.
+struct RunFinder<'a> {
+    by_lv: &'a [u64],
+    shift: u32,
+    starts: Vec<u32>,
+}
+
+impl<'a> RunFinder<'a> {
+    fn new(by_lv: &'a [u64], items: u32) -> Self {
+        let slots = by_lv.len().max(1) as u32;
+        let shift = (items / slots).max(1).ilog2();
+        let mut starts = Vec::with_capacity((items >> shift) as usize + 2);
+        let mut k = 0;
+        for slot in 0..=(items >> shift) {
+            let lv = u64::from(slot << shift);
+            while k + 1 < by_lv.len() && by_lv[k + 1] >> 32 <= lv {
+                k += 1;
+            }
+            starts.push(k as u32);
+        }
+        starts.push(by_lv.len().saturating_sub(1) as u32);
+        Self {
+            by_lv,
+            shift,
+            starts,
+        }
+    }
+
+    /// The index in `by_lv` of the run holding `lv` (`< items`).
+    fn run_of(&self, lv: u32) -> usize {
+        let slot = (lv >> self.shift) as usize;
+        let (lo, hi) = (self.starts[slot] as usize, self.starts[slot + 1] as usize);
+        let key = u64::from(lv) << 32 | 0xffff_ffff;
+        lo + self.by_lv[lo..=hi].partition_point(|&x| x <= key) - 1
+    }
 }
 
 /// The union of sorted ranges, as sorted disjoint ranges with gaps
