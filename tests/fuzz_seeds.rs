@@ -84,6 +84,16 @@ fn fuzz_seeds() {
     ops.push(other.insert(3, "日本").unwrap());
     seed("decode_text", 0, &doc);
     seed("decode_text", 1, &ops[0]);
+    // Concurrent typing at one place and backspacing, merged: a document
+    // with several replicas, tombstones and sibling insertions.
+    let mut merged = doc.fork(ReplicaId::new(3));
+    merged.insert(5, "xyz").unwrap();
+    merged.delete(6..7).unwrap();
+    calm::Merge::merge(&mut merged, &other);
+    seed("decode_text", 2, &merged);
+    // The same document in format version 1, which is still read.
+    let old = include_bytes!("data/text_before_reference_origins.bin");
+    write("decode_text", "seed-04", &[&[4u8][..], old].concat());
     let mut stream = Encoder::new();
     for op in ops.iter().rev() {
         stream.bytes(&codec::to_bytes(op));

@@ -393,9 +393,16 @@ impl Text {
                             scanning = true;
                             let last = self.last_link_before(other, right, right_pos);
                             if last != other {
-                                if let Some(p) = self.tree.locate_fresh(last) {
-                                    cur = p;
-                                    continue;
+                                // Origins nest, so the link lies ahead in
+                                // any document integration built; one
+                                // decoded from crafted bytes may break
+                                // that, and the scan must still only move
+                                // forward.
+                                if let Some(q) = self.tree.locate_fresh(last) {
+                                    if self.tree.cmp(q, p) == Greater {
+                                        cur = q;
+                                        continue;
+                                    }
                                 }
                             }
                         }
