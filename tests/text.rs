@@ -454,6 +454,42 @@ fn invalid_ops_are_refused() {
     assert_eq!(a, before);
 }
 
+/// An insert whose right origin lies before its left origin (no replica
+/// could send one) is refused and changes nothing; a document holding it
+/// could not be written as its structures.
+#[test]
+fn origins_out_of_order_are_refused() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "abc").unwrap();
+    let mut b = a.fork(r(3));
+    b.insert(1, "z").unwrap(); // something between a and c
+    a.merge(&b);
+    for (left, right) in [(3, 1), (3, 2), (2, 2)] {
+        let mut enc = Encoder::new();
+        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<TextOp as codec::Tagged>::TAG);
+        enc.varint(2); // replica
+        enc.varint(1); // counter
+        enc.byte(0); // insert
+        for counter in [left, right] {
+            enc.byte(2); // another replica's id: r1
+            enc.varint(1);
+            enc.varint(counter);
+        }
+        enc.bytes(b"x");
+        enc.length(0);
+        let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+        let before = a.clone();
+        assert!(
+            matches!(a.apply(&op), Err(TextError::InvalidOp { .. })),
+            "origins r1.{left}, r1.{right}"
+        );
+        assert_eq!(a, before);
+    }
+    let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");
+    assert_eq!(back, a);
+}
+
 /// Ops round-trip through the codec; truncated ops are errors.
 #[test]
 fn ops_round_trip() {
@@ -508,7 +544,7 @@ fn document_length_bombs_allocate_nothing() {
         let mut enc = Encoder::new();
         enc.byte(codec::FORMAT_VERSION);
         enc.byte(<Text as codec::Tagged>::TAG);
-        let mut count = |enc: &mut Encoder, n: usize, section: usize| {
+        let count = |enc: &mut Encoder, n: usize, section: usize| {
             if section == at {
                 enc.varint(1 << 60);
                 true
@@ -628,7 +664,11 @@ fn a_document_encoded_under_the_old_origin_rule_keeps_its_text() {
     assert_eq!(doc.to_string(), ">A Xuickslow catn fox");
     doc.assert_invariants();
     let now = codec::to_bytes(&doc);
-    assert_eq!(now[0], codec::FORMAT_VERSION, "it is written in today's layout");
+    assert_eq!(
+        now[0],
+        codec::FORMAT_VERSION,
+        "it is written in today's layout"
+    );
     let back: Text = codec::from_bytes(&now).expect("and reads back");
     assert_eq!(back, doc);
     assert_eq!(codec::to_bytes(&back), now);

@@ -35,6 +35,8 @@ fuzz_target!(|data: &[u8]| {
             b.assert_invariants();
         }
     } else if let Ok(op) = codec::from_bytes::<TextOp>(bytes) {
-        assert_eq!(codec::to_bytes(&op), bytes, "accepted op re-encodes differently");
+        let again = codec::to_bytes(&op);
+        // Bytes of an older format version are rewritten in the current one.
+        assert_eq!(again[1..], bytes[1..], "accepted op re-encodes differently");
     }
 });

@@ -169,7 +169,9 @@ impl StoreError {
     /// else the JSON error.
     pub(crate) fn from_json(bytes: &[u8], e: serde_json::Error) -> Self {
         if bytes.len() >= 2
-            && (crate::codec::OLDEST_FORMAT_VERSION..=crate::codec::FORMAT_VERSION).contains(&bytes[0]) {
+            && (crate::codec::OLDEST_FORMAT_VERSION..=crate::codec::FORMAT_VERSION)
+                .contains(&bytes[0])
+        {
             StoreError::WrongFormat {
                 found: StoredFormat::Codec,
                 expected: StoredFormat::Json,

@@ -233,7 +233,7 @@ impl Text {
                     return Err(TextError::TooLarge { max: MAX_CHARS });
                 }
                 let left_pos = self.pos_of(left);
-                let place = self.place(left, left_pos, right, op.replica());
+                let place = self.place(left, left_pos, right, op.replica())?;
                 let agent = self.history.intern(op.replica());
                 let lv = self
                     .history
@@ -362,14 +362,33 @@ impl Text {
     /// met, so it is only looked up then: when nothing was inserted
     /// between them concurrently (every op of a linear history), the
     /// first item after `left` is `right` and the scan is over.
-    fn place(&mut self, left: u32, left_pos: Option<Pos>, right: u32, replica: ReplicaId) -> Pos {
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::InvalidOp`] when `right` is not after `left` (no
+    /// replica could have sent such origins; checked once something lies
+    /// between `left` and the place, so a linear history pays nothing).
+    fn place(
+        &mut self,
+        left: u32,
+        left_pos: Option<Pos>,
+        right: u32,
+        replica: ReplicaId,
+    ) -> Result<Pos, TextError> {
         use std::cmp::Ordering::*;
         let mut right_pos: Option<Option<Pos>> = None;
         let mut cur = left_pos.map_or(self.tree.start(), |p| self.tree.after(p));
         let mut dest = cur;
         let mut scanning = false;
+        let mut checked = left == NONE || right == NONE;
+        let misplaced = TextError::InvalidOp {
+            what: "right origin not after the left origin",
+        };
         loop {
             let Some(p) = self.tree.normalize(cur) else {
+                if !checked {
+                    return Err(misplaced);
+                }
                 if !scanning {
                     dest = cur;
                 }
@@ -382,6 +401,17 @@ impl Text {
             let other = run.lv + p.offset;
             if other == right {
                 break;
+            }
+            if !checked {
+                checked = true;
+                let right_pos = *right_pos.get_or_insert_with(|| self.pos_of(right));
+                let after = match (left_pos, right_pos) {
+                    (Some(l), Some(r)) => self.tree.cmp(l, r) == Less,
+                    _ => false,
+                };
+                if !after {
+                    return Err(misplaced);
+                }
             }
             let (oleft, oright) = self.history.origins_of(other);
             match self.order(oleft, left, left_pos, true) {
@@ -428,7 +458,7 @@ impl Text {
             }
             cur = self.tree.advance(p, step);
         }
-        dest
+        Ok(dest)
     }
 
     /// The last character of the chain from `from` (see

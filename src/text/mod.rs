@@ -175,7 +175,12 @@
 //! - **States** ([`Merge`](crate::Merge)): merge a whole other replica.
 //! - **Bytes**: [`codec`](crate::codec) encodes ops, deltas and documents;
 //!   decoding checks everything and answers garbage with a
-//!   [`DecodeError`](crate::codec::DecodeError).
+//!   [`DecodeError`](crate::codec::DecodeError). A document is written as
+//!   its own structures and loaded without integrating anything, so the
+//!   decoder checks every rule they rely on, but not that concurrent
+//!   insertions sit in the order the rule would give them (that takes
+//!   integrating them): take whole documents from peers you trust to run
+//!   calm, and ops or deltas, which are always integrated, from others.
 //!
 //! # Inside
 //!
@@ -189,7 +194,8 @@
 //! `leaf.rs` (runs and leaves), `tree.rs` (the B-tree, index and cursor),
 //! `balance.rs` (splits, metrics and index upkeep),
 //! `history.rs` (ids, origins and deletions), `integrate.rs` (the rule,
-//! buffering, merge), `encoding.rs` (the binary format).
+//! buffering, merge), `encoding.rs` (ops as bytes, and documents of
+//! format version 1), `snapshot.rs` (documents as bytes).
 //!
 //! # Performance
 //!

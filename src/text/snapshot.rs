@@ -232,7 +232,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             let e = e as usize;
             (h.inserts[e].counter, u64::from(h.entry_len(e)))
         });
-        let mut del = agent.deletes.iter().map(|d| (d.counter, u64::from(d.len())));
+        let mut del = agent
+            .deletes
+            .iter()
+            .map(|d| (d.counter, u64::from(d.len())));
         let (mut i, mut d) = (ins.next(), del.next());
         let mut at = 1;
         loop {
