@@ -490,6 +490,28 @@ fn origins_out_of_order_are_refused() {
     assert_eq!(back, a);
 }
 
+/// A character can arrive already deleted, in an insert op that carries it
+/// hidden, before the delete event itself: such a document is written and
+/// read back like any other.
+#[test]
+fn a_character_deleted_before_its_delete_arrives_round_trips() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "abc").unwrap();
+    a.delete(1..2).unwrap();
+    let ops = a.ops_since(&VersionVector::new());
+    let mut b = Text::new(r(2));
+    let insert = ops.iter().find(|op| op.len() == 3).expect("the insert op");
+    assert_eq!(b.apply(insert), Ok(Applied::Integrated));
+    assert_eq!(b.to_string(), "ac");
+    let back: Text = codec::from_bytes(&codec::to_bytes(&b)).expect("decodes");
+    back.assert_invariants();
+    assert_eq!(back, b);
+    for op in &ops {
+        b.apply(op).unwrap();
+    }
+    assert_eq!(b, a);
+}
+
 /// Ops round-trip through the codec; truncated ops are errors.
 #[test]
 fn ops_round_trip() {
