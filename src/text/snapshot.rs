@@ -246,7 +246,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
                 _ => return Err(invalid("a replica's events overlap or leave a gap")),
             }
         }
-        if at != k + 1 {
+        if at - 1 != k {
             return Err(invalid("a replica's events overlap or leave a gap"));
         }
     }
