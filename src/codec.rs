@@ -83,6 +83,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::merge::for_each_tuple;
 
+pub(crate) mod lz;
 mod serde_format;
 
 /// `#[derive(Codec)]` (feature `derive`): the fields in order, and with

@@ -17,7 +17,8 @@
 //!   runs       count; per run, in document order: its first local
 //!              version (zig-zag, from the previous run's end), and its
 //!              length shifted left once, the low bit set when deleted
-//!   text       the visible text, UTF-8, length-prefixed
+//!   text       the visible text, UTF-8, compressed (`codec::lz`: its
+//!              length, then the compressed bytes, length-prefixed)
 //!   buffered   count, then each buffered op in full
 //! ```
 //!
@@ -56,7 +57,7 @@ use super::leaf::{Run, char_len};
 use super::tree::Tree;
 use super::{MAX_ITEMS, NONE};
 use crate::causal::ReplicaId;
-use crate::codec::{Codec, DecodeError, Decoder, Encoder};
+use crate::codec::{Codec, DecodeError, Decoder, Encoder, lz};
 
 /// Writes `text` in the layout of the module docs.
 pub(super) fn write(text: &Text, enc: &mut Encoder) {
@@ -113,10 +114,9 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         end = i64::from(r.end());
         enc.varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
     }
-    enc.length(text.tree.metrics().bytes);
-    for chunk in text.chunks() {
-        enc.raw(chunk.as_bytes());
-    }
+    let mut visible = String::with_capacity(text.tree.metrics().bytes);
+    visible.extend(text.chunks());
+    lz::write(enc, visible.as_bytes());
     write_buffered(text, enc);
 }
 
@@ -345,9 +345,9 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
 
     let at = dec.offset();
-    let bytes = dec.bytes()?;
     let visible_text =
-        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
+        String::from_utf8(lz::read(dec)?).map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
+    let visible_text = visible_text.as_str();
     if char_len(visible_text) as u64 != visible {
         return Err(DecodeError::Invalid {
             offset: at,
