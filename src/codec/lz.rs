@@ -35,9 +35,31 @@ pub(crate) const MAX_RATIO: usize = MAX_COPY / 3 + 1;
 /// fewer, down to 6, so compressing a few bytes allocates a few bytes.
 const HASH_BITS: u32 = 14;
 
-fn hash(b: &[u8], bits: u32) -> usize {
-    let v = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    (v.wrapping_mul(2_654_435_761) >> (32 - bits)) as usize
+fn word(input: &[u8], at: usize) -> u32 {
+    let b = &input[at..at + 4];
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn hash(word: u32, bits: u32) -> usize {
+    (word.wrapping_mul(2_654_435_761) >> (32 - bits)) as usize
+}
+
+/// How many bytes from `a` and `b` on agree, up to `max`, eight at a
+/// time.
+fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
+    let mut len = 0;
+    while len + 8 <= max {
+        let x = u64::from_le_bytes(input[a + len..a + len + 8].try_into().unwrap_or([0; 8]));
+        let y = u64::from_le_bytes(input[b + len..b + len + 8].try_into().unwrap_or([0; 8]));
+        if x != y {
+            return len + ((x ^ y).trailing_zeros() / 8) as usize;
+        }
+        len += 8;
+    }
+    while len < max && input[a + len] == input[b + len] {
+        len += 1;
+    }
+    len
 }
 
 /// Writes `input` compressed: its length, then the compressed bytes
@@ -47,27 +69,26 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     let bits = (usize::BITS - input.len().leading_zeros()).clamp(6, HASH_BITS);
     let mut table = vec![u32::MAX; 1 << bits];
     let (mut i, mut literals) = (0, 0);
-    while i + MIN_COPY <= input.len() {
-        let h = hash(&input[i..], bits);
+    let last = input.len().saturating_sub(MIN_COPY - 1);
+    while i < last {
+        let w = word(input, i);
+        let h = hash(w, bits);
         let candidate = table[h] as usize;
         table[h] = i as u32;
-        let matched = candidate != u32::MAX as usize
-            && input[candidate..candidate + MIN_COPY] == input[i..i + MIN_COPY];
-        if !matched {
+        if candidate == u32::MAX as usize || word(input, candidate) != w {
             i += 1;
             continue;
         }
         let max = (input.len() - i).min(MAX_COPY);
-        let mut len = MIN_COPY;
-        while len < max && input[candidate + len] == input[i + len] {
-            len += 1;
-        }
+        let len = MIN_COPY + common(input, candidate + MIN_COPY, i + MIN_COPY, max - MIN_COPY);
         out.length(i - literals);
         out.raw(&input[literals..i]);
         out.varint((i - candidate) as u64);
         out.varint((len - MIN_COPY) as u64);
-        for j in i + 1..(i + len).min(input.len().saturating_sub(MIN_COPY - 1)) {
-            table[hash(&input[j..], bits)] = j as u32;
+        // Only the copy's last two places are remembered (as LZ4 does):
+        // hashing every place inside copies doubles the time for little.
+        for j in (i + len).saturating_sub(2).max(i + 1)..(i + len).min(last) {
+            table[hash(word(input, j), bits)] = j as u32;
         }
         i += len;
         literals = i;

@@ -26,11 +26,17 @@ impl Tree {
             return tree;
         }
         tree.leaves.clear();
-        let mut leaf = Leaf::root();
+        // A leaf with room for what is left to place, up to its fill.
+        let fresh = |runs_left: usize, bytes_left: usize| Leaf {
+            runs: Vec::with_capacity(runs_left.min(FILL_RUNS) + 1),
+            text: String::with_capacity(bytes_left.min(FILL_BYTES) + 4),
+            ..Leaf::root()
+        };
+        let mut leaf = fresh(runs.len(), text.len());
         let mut rest = text;
-        let flush = |tree: &mut Tree, leaf: &mut Leaf| {
+        let flush = |tree: &mut Tree, leaf: &mut Leaf, next: Leaf| {
             let id = tree.leaves.len() as u32;
-            let mut done = std::mem::replace(leaf, Leaf::root());
+            let mut done = std::mem::replace(leaf, next);
             done.prev = if id == 0 { NONE } else { id - 1 };
             done.next = NONE;
             if id > 0 {
@@ -39,11 +45,11 @@ impl Tree {
             done.utf16 = utf16_len(&done.text);
             tree.leaves.push(done);
         };
-        for &run in runs {
+        for (i, &run) in runs.iter().enumerate() {
             let mut run = run;
             loop {
                 if leaf.runs.len() >= FILL_RUNS || leaf.text.len() >= FILL_BYTES {
-                    flush(&mut tree, &mut leaf);
+                    flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
                 }
                 if run.deleted() {
                     leaf.runs.push(run);
@@ -62,11 +68,11 @@ impl Tree {
                 let (head, tail) = run.split(chars);
                 leaf.runs.push(head);
                 run = tail;
-                flush(&mut tree, &mut leaf);
+                flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
             }
         }
         if !leaf.runs.is_empty() {
-            flush(&mut tree, &mut leaf);
+            flush(&mut tree, &mut leaf, Leaf::default());
         }
         // The index: one entry per range of local versions in one leaf.
         let mut starts: Vec<u64> = Vec::new();

@@ -317,29 +317,41 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // starts an insert entry, so entries' and runs' first characters are
     // all there is to check.
     let find = RunFinder::new(&by_lv, items);
+    let doc = |k: usize| (by_lv[k] & 0xffff_ffff) as u32;
     let pos = |lv: u32| {
         let k = find.run_of(lv);
-        let i = (by_lv[k] & 0xffff_ffff) as u32;
-        (i, lv - runs[i as usize].lv)
+        (doc(k), lv - run_of(k).lv)
     };
+    // Entries and runs are both in local-version order: walk them
+    // together, searching only for the origins.
+    let mut k = 0;
     for (e, entry) in h.inserts.iter().enumerate() {
         let first = entry.lv;
         let last = first + h.entry_len(e) - 1;
-        let left_ok = entry.origin_left == NONE || pos(entry.origin_left) < pos(first);
-        let right_ok = entry.origin_right == NONE || pos(last) < pos(entry.origin_right);
+        while run_of(k).end() <= first {
+            k += 1;
+        }
+        let first_pos = (doc(k), first - run_of(k).lv);
+        while run_of(k).end() <= last {
+            k += 1;
+        }
+        let last_pos = (doc(k), last - run_of(k).lv);
+        let left_ok = entry.origin_left == NONE || pos(entry.origin_left) < first_pos;
+        let right_ok = entry.origin_right == NONE || last_pos < pos(entry.origin_right);
         if !left_ok || !right_ok {
             return Err(invalid("a character outside its origins"));
         }
     }
-    // Runs and entries both in local-version order: walk them together.
+    // A run's first character whose left origin is the character before
+    // it (it does not start an entry) comes after that one, which ends
+    // the run before it in local-version order.
     let mut e = 0;
     for k in 1..by_lv.len() {
         let x = run_of(k).lv;
         while h.inserts.get(e + 1).is_some_and(|n| n.lv <= x) {
             e += 1;
         }
-        let starts_entry = h.inserts[e].lv == x;
-        if !starts_entry && pos(x - 1) >= pos(x) {
+        if h.inserts[e].lv != x && doc(k - 1) >= doc(k) {
             return Err(invalid("a character outside its origins"));
         }
     }
