@@ -14,11 +14,12 @@ use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
 impl Tree {
     /// A tree of `runs`, in document order, whose visible runs hold the
     /// characters of `text` in turn (their lengths must sum to its
-    /// character count): how a document is loaded without integrating
-    /// anything. Leaves are filled to three quarters, so the first edits
+    /// character count), with `lv_order` the indices of `runs` by local
+    /// version (the runs must tile `0 .. items`): how a document is loaded
+    /// without integrating anything. Leaves are filled to three quarters, so the first edits
     /// in them do not split them at once; a visible run longer than a
     /// leaf's byte budget is cut across leaves.
-    pub(crate) fn build(runs: &[Run], text: &str) -> Self {
+    pub(crate) fn build(runs: &[Run], lv_order: impl Iterator<Item = usize>, text: &str) -> Self {
         const FILL_RUNS: usize = MAX_RUNS * 3 / 4;
         const FILL_BYTES: usize = MAX_BYTES * 3 / 4;
         let mut tree = Tree::default();
@@ -34,6 +35,9 @@ impl Tree {
         };
         let mut leaf = fresh(runs.len(), text.len());
         let mut rest = text;
+        // The leaf each run starts in; a run cut across leaves continues
+        // in the leaves right after.
+        let mut first_leaf = Vec::with_capacity(runs.len());
         let flush = |tree: &mut Tree, leaf: &mut Leaf, next: Leaf| {
             let id = tree.leaves.len() as u32;
             let mut done = std::mem::replace(leaf, next);
@@ -47,9 +51,14 @@ impl Tree {
         };
         for (i, &run) in runs.iter().enumerate() {
             let mut run = run;
+            let mut first = true;
             loop {
                 if leaf.runs.len() >= FILL_RUNS || leaf.text.len() >= FILL_BYTES {
                     flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
+                }
+                if first {
+                    first_leaf.push(tree.leaves.len() as u32);
+                    first = false;
                 }
                 if run.deleted() {
                     leaf.runs.push(run);
@@ -74,17 +83,17 @@ impl Tree {
         if !leaf.runs.is_empty() {
             flush(&mut tree, &mut leaf, Leaf::default());
         }
-        // The index: one entry per range of local versions in one leaf.
-        let mut starts: Vec<u64> = Vec::new();
-        for (id, leaf) in tree.leaves.iter().enumerate() {
-            starts.extend(leaf.runs.iter().map(|r| u64::from(r.lv) << 32 | id as u64));
+        // The index: one entry per range of local versions starting in one
+        // leaf (the pieces of a cut run are found by walking on from
+        // there, as after a split).
+        let mut index: Vec<(u32, u32)> = Vec::new();
+        for i in lv_order {
+            let leaf = first_leaf[i];
+            if index.last().is_none_or(|&(_, l)| l != leaf) {
+                index.push((runs[i].lv, leaf));
+            }
         }
-        starts.sort_unstable();
-        starts.dedup_by(|next, prev| *next as u32 == *prev as u32);
-        tree.index = starts
-            .into_iter()
-            .map(|x| ((x >> 32) as u32, x as u32))
-            .collect::<BTreeMap<u32, u32>>();
+        tree.index = index.into_iter().collect::<BTreeMap<u32, u32>>();
         // Internal nodes, level by level, children spread evenly.
         let mut level: Vec<(u32, Metrics)> = tree
             .leaves

@@ -300,11 +300,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         (0..by_lv.len())
             .map(run_of)
             .filter(|r| r.deleted())
-            .map(|r| (r.lv, r.end()))
-            .collect(),
+            .map(|r| (r.lv, r.end())),
     );
     let mut t = 0;
-    for (start, end) in union(dead) {
+    for (start, end) in union(dead.into_iter()) {
         while tombs.get(t).is_some_and(|&(_, e)| e <= start) {
             t += 1;
         }
@@ -366,7 +365,11 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             what: "text not as long as the visible runs",
         });
     }
-    text.tree = Tree::build(&runs, visible_text);
+    text.tree = Tree::build(
+        &runs,
+        by_lv.iter().map(|&x| (x & 0xffff_ffff) as usize),
+        visible_text,
+    );
     read_buffered(dec, &mut text)?;
     Ok(text)
 }
@@ -414,8 +417,8 @@ impl<'a> RunFinder<'a> {
 
 /// The union of sorted ranges, as sorted disjoint ranges with gaps
 /// between them (touching ranges are joined).
-fn union(ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+fn union(ranges: impl Iterator<Item = (u32, u32)>) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
     for (s, e) in ranges {
         match out.last_mut() {
             Some(last) if s <= last.1 => last.1 = last.1.max(e),
