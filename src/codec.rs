@@ -322,7 +322,20 @@ impl<'a> Decoder<'a> {
     /// [`DecodeError::Truncated`] if the input ends inside it,
     /// [`DecodeError::BadVarint`] if it overflows `u64` or has redundant
     /// trailing zero groups.
+    #[inline]
     pub fn varint(&mut self) -> Result<u64, DecodeError> {
+        // Most varints are one byte.
+        if let Some(&b) = self.input.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(b));
+            }
+        }
+        self.varint_long()
+    }
+
+    /// [`Decoder::varint`] past its one-byte case.
+    fn varint_long(&mut self) -> Result<u64, DecodeError> {
         let start = self.pos;
         let mut value: u64 = 0;
         for i in 0..10 {

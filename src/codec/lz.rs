@@ -62,10 +62,60 @@ fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
     len
 }
 
+/// Where compressed tokens go: an [`Encoder`], or a [`Check`] against
+/// bytes already read.
+trait Sink {
+    fn raw(&mut self, b: &[u8]);
+    fn varint(&mut self, v: u64);
+}
+
+impl Sink for Encoder {
+    fn raw(&mut self, b: &[u8]) {
+        Encoder::raw(self, b);
+    }
+    fn varint(&mut self, v: u64) {
+        Encoder::varint(self, v);
+    }
+}
+
+/// Compares the tokens the compressor emits with `expected`, without
+/// writing them anywhere.
+struct Check<'a> {
+    expected: &'a [u8],
+    at: usize,
+    same: bool,
+}
+
+impl Sink for Check<'_> {
+    fn raw(&mut self, b: &[u8]) {
+        let end = self.at + b.len();
+        self.same = self.same && self.expected.get(self.at..end) == Some(b);
+        self.at = end;
+    }
+    fn varint(&mut self, mut v: u64) {
+        let mut buf = [0u8; 10];
+        let mut n = 0;
+        while v >= 0x80 {
+            buf[n] = (v as u8) | 0x80;
+            v >>= 7;
+            n += 1;
+        }
+        buf[n] = v as u8;
+        self.raw(&buf[..=n]);
+    }
+}
+
 /// Writes `input` compressed: its length, then the compressed bytes
 /// (length-prefixed).
 pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     let mut out = Encoder::new();
+    compress(input, &mut out);
+    enc.length(input.len());
+    enc.bytes(&out.into_bytes());
+}
+
+/// The tokens of `input` (see the module docs), into `out`.
+fn compress(input: &[u8], out: &mut impl Sink) {
     let bits = (usize::BITS - input.len().leading_zeros()).clamp(6, HASH_BITS);
     let mut table = vec![u32::MAX; 1 << bits];
     let (mut i, mut literals) = (0, 0);
@@ -81,7 +131,7 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
         }
         let max = (input.len() - i).min(MAX_COPY);
         let len = MIN_COPY + common(input, candidate + MIN_COPY, i + MIN_COPY, max - MIN_COPY);
-        out.length(i - literals);
+        out.varint((i - literals) as u64);
         out.raw(&input[literals..i]);
         out.varint((i - candidate) as u64);
         out.varint((len - MIN_COPY) as u64);
@@ -93,10 +143,8 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
         i += len;
         literals = i;
     }
-    out.length(input.len() - literals);
+    out.varint((input.len() - literals) as u64);
     out.raw(&input[literals..]);
-    enc.length(input.len());
-    enc.bytes(&out.into_bytes());
 }
 
 /// Reads what [`write`] wrote, and only that (see the module docs).
@@ -146,9 +194,13 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     }
     // Canonical: exactly what `write` makes of the output, so accepted
     // bytes re-encode to themselves.
-    let mut again = Encoder::new();
-    write(&mut again, &out);
-    if again.into_bytes() != dec.input[offset..dec.pos] {
+    let mut check = Check {
+        expected: packed,
+        at: 0,
+        same: true,
+    };
+    compress(&out, &mut check);
+    if !check.same || check.at != packed.len() {
         return Err(invalid("compressed bytes not in their canonical form"));
     }
     Ok(out)
