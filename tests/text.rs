@@ -557,8 +557,8 @@ fn text_length_bomb_allocates_nothing() {
     }
 }
 
-/// A 2^60 length at any count of the current layout (replicas, insert
-/// entries, a replica's delete entries, runs, the compressed text,
+/// A 2^60 length at any count of the current layout (replicas, runs,
+/// insert entries, a replica's delete entries, the compressed text,
 /// buffered ops)
 /// allocates nothing like it; with no bomb, the same bytes are "ac".
 #[test]
@@ -582,22 +582,22 @@ fn document_length_bombs_allocate_nothing() {
         }
         enc.varint(5); // replica 5, four events
         enc.varint(4);
-        if !count(&mut enc, 1, 1) {
-            // "abc" typed at the start, then its "b" deleted (event 4).
-            enc.varint(0); // replica index
-            enc.varint(0); // counter gap
-            enc.varint(3); // length
-            enc.varint(0); // no left origin
-            enc.varint(0); // no right origin
+        enc.varint(3); // three characters ever inserted
+        // In document order: "a" (lv 0), "b" (lv 1, deleted), "c" (lv 2).
+        if !count(&mut enc, 3, 1) {
+            for (lv, packed) in [(0, 1 << 1), (0, 1 << 1 | 1), (0, 1 << 1)] {
+                enc.signed_varint(lv);
+                enc.varint(packed);
+            }
+            // "abc" typed at the start: one entry, origins as guessed.
             if !count(&mut enc, 1, 2) {
-                enc.varint(3); // counter 4: a gap of 3 after none
-                enc.signed_varint(1); // target lv 1
-                enc.varint(1 << 1);
-                if !count(&mut enc, 3, 3) {
-                    for (lv, packed) in [(0, 1 << 1), (0, 1 << 1 | 1), (0, 1 << 1)] {
-                        enc.signed_varint(lv);
-                        enc.varint(packed);
-                    }
+                enc.varint(0); // counter gap (the replica index is implicit)
+                enc.varint(3 << 3); // length 3, both origins guessed
+                // Its "b" deleted by event 4.
+                if !count(&mut enc, 1, 3) {
+                    enc.varint(3); // counter 4: a gap of 3 after none
+                    enc.signed_varint(1); // target lv 1
+                    enc.varint(1 << 1);
                     enc.varint(2); // the text: two bytes, compressed to
                     if !count(&mut enc, 3, 4) {
                         enc.raw(&[2, b'a', b'c']); // two literals

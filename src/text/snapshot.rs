@@ -5,28 +5,41 @@
 //! ```text
 //!   replicas   count; per replica, in the document's order: its id and
 //!              how many of its events are here (> 0)
-//!   inserts    count; per insert entry, in local-version order: the
-//!              replica's index, the counter (as the gap after the
-//!              replica's previous entry), the length, and the two
-//!              origins as distances back from the entry's first local
-//!              version (0: a document end)
+//!   items      how many characters were ever inserted
+//!   runs       count; per run, in document order: its first local
+//!              version (zig-zag, from the previous run's end), and its
+//!              length shifted left once, the low bit set when deleted
+//!   inserts    count; per insert entry, in local-version order (its
+//!              first local version is the sum of the lengths before):
+//!              the replica's index (left out when there is one), the
+//!              counter (as the gap after the replica's previous entry),
+//!              the length shifted left three times with how the origins
+//!              are given in the low bits, then the origins given in full
+//!              as distances back from the entry's first local version
+//!              (0: a document end)
 //!   deletes    per replica: count; per delete entry, in counter order:
 //!              the counter (gap after the previous entry), the first
 //!              target (zig-zag, from the previous entry's last), and the
 //!              length shifted left once, the low bit set when reversed
-//!   runs       count; per run, in document order: its first local
-//!              version (zig-zag, from the previous run's end), and its
-//!              length shifted left once, the low bit set when deleted
 //!   text       the visible text, UTF-8, compressed (`codec::lz`: its
 //!              length, then the compressed bytes, length-prefixed)
 //!   buffered   count, then each buffered op in full
 //! ```
 //!
-//! Every entry and run is maximal (no two neighbours could be joined), so
-//! a decoded document encodes back to the same bytes. Local versions are
-//! the encoding replica's own numbering, so two replicas that integrated
-//! the same edits in different orders may write different bytes for
-//! equal documents.
+//! Origins are mostly guessed rather than written: the runs say where
+//! each character sits, and in a history without concurrency a
+//! character's right origin is the nearest character after it with a
+//! lower local version, and its left origin the nearest before it (or the
+//! nearest visible one, when it was typed after deleted text). The low
+//! bits say which guess holds (left: 0 the nearest, 1 the nearest visible,
+//! 2 in full; right: 0 the guess, 1 in full; left + 3 × right), and only
+//! origins no guess names are written.
+//!
+//! Every entry and run is maximal (no two neighbours could be joined) and
+//! every origin in its shortest form, so a decoded document encodes back
+//! to the same bytes. Local versions are the encoding replica's own
+//! numbering, so two replicas that integrated the same edits in
+//! different orders may write different bytes for equal documents.
 //!
 //! # What decoding checks
 //!
@@ -73,30 +86,7 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         h.agents[a].id.encode(enc);
         enc.varint(h.agents[a].known);
     }
-    enc.length(h.inserts.len());
-    let mut next = vec![1u64; kept.len()];
-    for (i, e) in h.inserts.iter().enumerate() {
-        let a = index[e.agent as usize] as usize;
-        let len = h.entry_len(i);
-        enc.varint(a as u64);
-        enc.varint(e.counter - next[a]);
-        next[a] = e.counter + u64::from(len);
-        enc.varint(u64::from(len));
-        write_origin(enc, e.lv, e.origin_left);
-        write_origin(enc, e.lv, e.origin_right);
-    }
-    for &a in &kept {
-        let deletes = &h.agents[a].deletes;
-        enc.length(deletes.len());
-        let (mut next, mut last) = (1u64, 0i64);
-        for d in deletes {
-            enc.varint(d.counter - next);
-            next = d.counter + u64::from(d.len());
-            enc.signed_varint(i64::from(d.target) - last);
-            last = i64::from(d.target + d.len());
-            enc.varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
-        }
-    }
+    enc.varint(u64::from(h.items));
     // Runs in document order, joined across leaf boundaries.
     let mut runs: Vec<Run> = Vec::new();
     for leaf in text.tree.leaves() {
@@ -113,6 +103,48 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         enc.signed_varint(i64::from(r.lv) - end);
         end = i64::from(r.end());
         enc.varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
+    }
+    let layout = Layout::new(&runs, h.items);
+    let firsts: Vec<u32> = h.inserts.iter().map(|e| e.lv).collect();
+    let guesses = layout.guesses(&firsts);
+    enc.length(h.inserts.len());
+    let mut next = vec![1u64; kept.len()];
+    for (i, e) in h.inserts.iter().enumerate() {
+        let a = index[e.agent as usize] as usize;
+        let len = h.entry_len(i);
+        if kept.len() != 1 {
+            enc.varint(a as u64);
+        }
+        enc.varint(e.counter - next[a]);
+        next[a] = e.counter + u64::from(len);
+        let [after, after_visible, before] = guesses[i];
+        let left = if e.origin_left == after {
+            0
+        } else if e.origin_left == after_visible {
+            1
+        } else {
+            2
+        };
+        let right = u64::from(e.origin_right != before);
+        enc.varint(u64::from(len) << 3 | (left + 3 * right));
+        if left == 2 {
+            write_origin(enc, e.lv, e.origin_left);
+        }
+        if right == 1 {
+            write_origin(enc, e.lv, e.origin_right);
+        }
+    }
+    for &a in &kept {
+        let deletes = &h.agents[a].deletes;
+        enc.length(deletes.len());
+        let (mut next, mut last) = (1u64, 0i64);
+        for d in deletes {
+            enc.varint(d.counter - next);
+            next = d.counter + u64::from(d.len());
+            enc.signed_varint(i64::from(d.target) - last);
+            last = i64::from(d.target + d.len());
+            enc.varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
+        }
     }
     let mut visible = String::with_capacity(text.tree.metrics().bytes);
     visible.extend(text.chunks());
@@ -156,6 +188,20 @@ fn read_len(dec: &mut Decoder<'_>, max: u32) -> Result<(u32, bool), DecodeError>
     }
 }
 
+/// One insert entry as read, before its guessed origins are resolved.
+struct RawEntry {
+    agent: u32,
+    counter: u64,
+    len: u32,
+    /// How each origin is given: 0 (left: the guess "after", right: the
+    /// guess "before"), 1 (left: the guess "after visible"; right: in
+    /// full), 2 (left: in full).
+    left: u8,
+    right: u8,
+    origin_left: u32,
+    origin_right: u32,
+}
+
 /// Reads a document in the layout of the module docs, checking it.
 pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     let mut text = Text::default();
@@ -171,33 +217,101 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         h.intern(id);
         known.push(k);
     }
+    let items = u32::try_from(dec.varint()?)
+        .ok()
+        .filter(|&i| i <= MAX_ITEMS)
+        .ok_or_else(|| dec.invalid("too many characters"))?;
+
+    let count = dec.length()?;
+    let mut runs: Vec<Run> = Vec::with_capacity(count);
+    let mut end = 0i64;
+    let mut visible = 0u64;
+    for _ in 0..count {
+        let lv = read_lv(dec, end, items)?;
+        let (len, deleted) = read_len(dec, items - lv)?;
+        let run = Run::new(lv, len, deleted);
+        if runs.last().is_some_and(|p| p.joins(run)) {
+            return Err(dec.invalid("runs not joined"));
+        }
+        runs.push(run);
+        visible += u64::from(run.visible());
+        end = i64::from(run.end());
+    }
+    let layout = Layout::new(&runs, items);
+    if !layout.tiles(items) {
+        return Err(dec.invalid("runs overlap or leave a gap"));
+    }
+
     let entries = dec.length()?;
+    let mut raw: Vec<RawEntry> = Vec::with_capacity(entries);
+    let mut firsts: Vec<u32> = Vec::with_capacity(entries);
     let mut next = vec![1u64; n];
+    let mut lv = 0u32;
     for _ in 0..entries {
-        let a = usize::try_from(dec.varint()?)
+        let a = if n == 1 { 0 } else { dec.varint()? };
+        let a = usize::try_from(a)
             .ok()
             .filter(|&a| a < n)
             .ok_or_else(|| dec.invalid("replica index out of range"))?;
         let counter = next[a].checked_add(dec.varint()?);
-        let len = dec.varint()?;
-        let lv = h.items;
+        let packed = dec.varint()?;
+        let (len, code) = (packed >> 3, packed & 7);
         let end = counter.and_then(|c| c.checked_add(len));
         let (Some(counter), Some(end)) = (counter, end) else {
             return Err(dec.invalid("counter out of range"));
         };
-        if len == 0 || len > u64::from(MAX_ITEMS - lv) || end - 1 > known[a] {
-            return Err(dec.invalid("insert entry empty, too long or past its replica"));
+        if len == 0 || len > u64::from(items - lv) || end - 1 > known[a] || code > 5 {
+            return Err(dec.invalid("insert entry empty, too long, past its replica or miscoded"));
         }
-        let left = read_origin(dec, lv)?;
-        let right = read_origin(dec, lv)?;
+        let (left, right) = ((code % 3) as u8, (code / 3) as u8);
+        let origin_left = if left == 2 {
+            read_origin(dec, lv)?
+        } else {
+            NONE
+        };
+        let origin_right = if right == 1 {
+            read_origin(dec, lv)?
+        } else {
+            NONE
+        };
+        raw.push(RawEntry {
+            agent: a as u32,
+            counter,
+            len: len as u32,
+            left,
+            right,
+            origin_left,
+            origin_right,
+        });
+        firsts.push(lv);
+        next[a] = end;
+        lv += len as u32;
+    }
+    if lv != items {
+        return Err(dec.invalid("insert entries and runs disagree on the characters"));
+    }
+    let guesses = layout.guesses(&firsts);
+    for (e, g) in raw.iter().zip(&guesses) {
+        let [after, after_visible, before] = *g;
+        let origin_left = match e.left {
+            0 => after,
+            1 if after_visible != after => after_visible,
+            2 if e.origin_left != after && e.origin_left != after_visible => e.origin_left,
+            _ => return Err(dec.invalid("an origin not in its shortest form")),
+        };
+        let origin_right = match e.right {
+            0 => before,
+            _ if e.origin_right != before => e.origin_right,
+            _ => return Err(dec.invalid("an origin not in its shortest form")),
+        };
         let count = h.inserts.len();
-        h.push_insert(a as u32, counter, len as u32, left, right);
+        h.push_insert(e.agent, e.counter, e.len, origin_left, origin_right);
         if h.inserts.len() == count {
             return Err(dec.invalid("insert entries not joined"));
         }
-        next[a] = end;
     }
-    let items = h.items;
+    drop(raw);
+
     let mut dead: Vec<(u32, u32)> = Vec::new();
     for (a, &k) in known.iter().enumerate() {
         let count = dec.length()?;
@@ -255,50 +369,13 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
     let h = &text.history;
 
-    let count = dec.length()?;
-    let mut runs: Vec<Run> = Vec::with_capacity(count);
-    let mut end = 0i64;
-    let mut visible = 0u64;
-    for _ in 0..count {
-        let lv = read_lv(dec, end, items)?;
-        let (len, deleted) = read_len(dec, items - lv)?;
-        let run = Run::new(lv, len, deleted);
-        if runs.last().is_some_and(|p| p.joins(run)) {
-            return Err(dec.invalid("runs not joined"));
-        }
-        runs.push(run);
-        visible += u64::from(run.visible());
-        end = i64::from(run.end());
-    }
-    let offset = dec.offset();
-    let invalid = |what| DecodeError::Invalid { offset, what };
-    // The runs in local-version order (as `lv << 32 | index`) must tile
-    // `0 .. items`.
-    let mut by_lv: Vec<u64> = runs
-        .iter()
-        .enumerate()
-        .map(|(i, r)| u64::from(r.lv) << 32 | i as u64)
-        .collect();
-    by_lv.sort_unstable();
-    let run_of = |k: usize| runs[(by_lv[k] & 0xffff_ffff) as usize];
-    let mut at = 0;
-    for k in 0..by_lv.len() {
-        let r = run_of(k);
-        if r.lv != at {
-            return Err(invalid("runs overlap or leave a gap"));
-        }
-        at = r.end();
-    }
-    if at != items {
-        return Err(invalid("runs overlap or leave a gap"));
-    }
     // Deleted wherever some delete entry aimed (a character can also
     // arrive deleted, in an op that carried it hidden, before the delete
     // event itself).
     dead.sort_unstable();
     let tombs = union(
-        (0..by_lv.len())
-            .map(run_of)
+        (0..runs.len())
+            .map(|k| layout.run(k))
             .filter(|r| r.deleted())
             .map(|r| (r.lv, r.end())),
     );
@@ -314,29 +391,22 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // Every character between its origins in document order. Inside a
     // run, a character's left origin is the one before it unless it
     // starts an insert entry, so entries' and runs' first characters are
-    // all there is to check.
-    let find = RunFinder::new(&by_lv, items);
-    let doc = |k: usize| (by_lv[k] & 0xffff_ffff) as u32;
-    let pos = |lv: u32| {
-        let k = find.run_of(lv);
-        (doc(k), lv - run_of(k).lv)
-    };
-    // Entries and runs are both in local-version order: walk them
-    // together, searching only for the origins.
+    // all there is to check. Entries and runs are both in local-version
+    // order: walk them together, searching only for the origins.
     let mut k = 0;
     for (e, entry) in h.inserts.iter().enumerate() {
         let first = entry.lv;
         let last = first + h.entry_len(e) - 1;
-        while run_of(k).end() <= first {
+        while layout.run(k).end() <= first {
             k += 1;
         }
-        let first_pos = (doc(k), first - run_of(k).lv);
-        while run_of(k).end() <= last {
+        let first_pos = (layout.doc(k), first - layout.run(k).lv);
+        while layout.run(k).end() <= last {
             k += 1;
         }
-        let last_pos = (doc(k), last - run_of(k).lv);
-        let left_ok = entry.origin_left == NONE || pos(entry.origin_left) < first_pos;
-        let right_ok = entry.origin_right == NONE || last_pos < pos(entry.origin_right);
+        let last_pos = (layout.doc(k), last - layout.run(k).lv);
+        let left_ok = entry.origin_left == NONE || layout.pos(entry.origin_left) < first_pos;
+        let right_ok = entry.origin_right == NONE || last_pos < layout.pos(entry.origin_right);
         if !left_ok || !right_ok {
             return Err(invalid("a character outside its origins"));
         }
@@ -345,12 +415,12 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // it (it does not start an entry) comes after that one, which ends
     // the run before it in local-version order.
     let mut e = 0;
-    for k in 1..by_lv.len() {
-        let x = run_of(k).lv;
+    for k in 1..runs.len() {
+        let x = layout.run(k).lv;
         while h.inserts.get(e + 1).is_some_and(|n| n.lv <= x) {
             e += 1;
         }
-        if h.inserts[e].lv != x && doc(k - 1) >= doc(k) {
+        if h.inserts[e].lv != x && layout.doc(k - 1) >= layout.doc(k) {
             return Err(invalid("a character outside its origins"));
         }
     }
@@ -367,26 +437,33 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
     text.tree = Tree::build(
         &runs,
-        by_lv.iter().map(|&x| (x & 0xffff_ffff) as usize),
+        (0..runs.len()).map(|k| layout.doc(k) as usize),
         visible_text,
     );
     read_buffered(dec, &mut text)?;
     Ok(text)
 }
 
-/// Finds the run holding a local version among runs sorted by local
-/// version (`lv << 32 | index`, tiling `0 .. items`): a table of where
-/// each stretch of `2^shift` local versions starts narrows a binary
-/// search to the runs of one stretch. The table has about as many slots
-/// as there are runs.
-struct RunFinder<'a> {
-    by_lv: &'a [u64],
+/// The runs in both orders: document order as given, and local-version
+/// order (`by_lv`, as `lv << 32 | document index`), with a table of where
+/// each stretch of `2^shift` local versions starts that narrows a binary
+/// search for the run holding a local version to the runs of one stretch
+/// (about as many slots as runs).
+struct Layout<'a> {
+    runs: &'a [Run],
+    by_lv: Vec<u64>,
     shift: u32,
     starts: Vec<u32>,
 }
 
-impl<'a> RunFinder<'a> {
-    fn new(by_lv: &'a [u64], items: u32) -> Self {
+impl<'a> Layout<'a> {
+    fn new(runs: &'a [Run], items: u32) -> Self {
+        let mut by_lv: Vec<u64> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| u64::from(r.lv) << 32 | i as u64)
+            .collect();
+        by_lv.sort_unstable();
         let slots = by_lv.len().max(1) as u32;
         let shift = (items / slots).max(1).ilog2();
         let mut starts = Vec::with_capacity((items >> shift) as usize + 2);
@@ -400,18 +477,121 @@ impl<'a> RunFinder<'a> {
         }
         starts.push(by_lv.len().saturating_sub(1) as u32);
         Self {
+            runs,
             by_lv,
             shift,
             starts,
         }
     }
 
-    /// The index in `by_lv` of the run holding `lv` (`< items`).
+    /// Whether the runs cover `0 .. items`, each local version once (the
+    /// other methods assume it).
+    fn tiles(&self, items: u32) -> bool {
+        let mut at = 0;
+        for k in 0..self.by_lv.len() {
+            let r = self.run(k);
+            if r.lv != at {
+                return false;
+            }
+            at = r.end();
+        }
+        at == items
+    }
+
+    /// The `k`-th run in local-version order.
+    fn run(&self, k: usize) -> Run {
+        self.runs[self.doc(k) as usize]
+    }
+
+    /// The document index of the `k`-th run in local-version order.
+    fn doc(&self, k: usize) -> u32 {
+        self.by_lv[k] as u32
+    }
+
+    /// The index in local-version order of the run holding `lv`.
     fn run_of(&self, lv: u32) -> usize {
         let slot = (lv >> self.shift) as usize;
         let (lo, hi) = (self.starts[slot] as usize, self.starts[slot + 1] as usize);
         let key = u64::from(lv) << 32 | 0xffff_ffff;
         lo + self.by_lv[lo..=hi].partition_point(|&x| x <= key) - 1
+    }
+
+    /// Where item `lv` is: its run's document index and its offset there.
+    fn pos(&self, lv: u32) -> (u32, u32) {
+        let k = self.run_of(lv);
+        (self.doc(k), lv - self.run(k).lv)
+    }
+
+    /// For each character `x` of `firsts`, three guesses at its origins,
+    /// read off the document: the nearest character before it with a
+    /// lower local version ("after"), the same among visible characters
+    /// ("after visible"), and the nearest after it with a lower local
+    /// version ("before"), or [`NONE`]. In a history without concurrency
+    /// the right origin is always "before" (the characters that were
+    /// there when `x` was typed keep their order, and everything typed
+    /// between since has a higher local version), and the left origin is
+    /// "after" unless text deleted before `x` was typed sits in between,
+    /// when it is mostly "after visible". Two sweeps over the runs with a
+    /// stack of the runs that can still be an answer.
+    fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 3]> {
+        let runs = self.runs;
+        let mut queries: Vec<u64> = firsts
+            .iter()
+            .enumerate()
+            .map(|(q, &x)| u64::from(self.pos(x).0) << 32 | q as u64)
+            .collect();
+        queries.sort_unstable();
+        let mut out = vec![[NONE; 3]; firsts.len()];
+        // The stacks hold document indices whose runs' first local
+        // versions grow towards the top: a run hides every run further
+        // away whose first local version is not lower.
+        let push = |stack: &mut Vec<u32>, d: usize| {
+            while stack
+                .last()
+                .is_some_and(|&p| runs[p as usize].lv >= runs[d].lv)
+            {
+                stack.pop();
+            }
+            stack.push(d as u32);
+        };
+        let nearest = |stack: &[u32], x: u32| {
+            let i = stack.partition_point(|&p| runs[p as usize].lv < x);
+            (i > 0).then(|| runs[stack[i - 1] as usize])
+        };
+        let (mut all, mut shown) = (Vec::new(), Vec::new());
+        let mut q = 0;
+        for (d, r) in runs.iter().enumerate() {
+            while queries.get(q).is_some_and(|&x| (x >> 32) as usize == d) {
+                let i = queries[q] as u32 as usize;
+                let x = firsts[i];
+                let left = |run: Option<Run>| run.map_or(NONE, |s| s.end().min(x) - 1);
+                out[i][0] = if x > r.lv {
+                    x - 1
+                } else {
+                    left(nearest(&all, x))
+                };
+                out[i][1] = if x > r.lv && !r.deleted() {
+                    x - 1
+                } else {
+                    left(nearest(&shown, x))
+                };
+                q += 1;
+            }
+            push(&mut all, d);
+            if !r.deleted() {
+                push(&mut shown, d);
+            }
+        }
+        all.clear();
+        for d in (0..runs.len()).rev() {
+            while q > 0 && (queries[q - 1] >> 32) as usize == d {
+                q -= 1;
+                let i = queries[q] as u32 as usize;
+                out[i][2] = nearest(&all, firsts[i]).map_or(NONE, |s| s.lv);
+            }
+            push(&mut all, d);
+        }
+        out
     }
 }
 
