@@ -595,8 +595,9 @@ fn document_length_bombs_allocate_nothing() {
                 enc.varint(3 << 3); // length 3, both origins guessed
                 // Its "b" deleted by event 4.
                 if !count(&mut enc, 1, 3) {
-                    enc.varint(3); // counter 4: a gap of 3 after none
-                    enc.signed_varint(1); // target lv 1
+                    // Its counter (4) is implicit; its target (lv 1)
+                    // ends one before where "abc" ended (lv 3).
+                    enc.signed_varint(1);
                     enc.varint(1 << 1);
                     enc.varint(2); // the text: two bytes, compressed to
                     if !count(&mut enc, 3, 4) {

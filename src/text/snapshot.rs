@@ -17,10 +17,12 @@
 //!              are given in the low bits, then the origins given in full
 //!              as distances back from the entry's first local version
 //!              (0: a document end)
-//!   deletes    per replica: count; per delete entry, in counter order:
-//!              the counter (gap after the previous entry), the first
-//!              target (zig-zag, from the previous entry's last), and the
-//!              length shifted left once, the low bit set when reversed
+//!   deletes    per replica: count; per delete entry, in counter order
+//!              (its counter is implicit: the next one no insert entry
+//!              holds): how far its last target sits before the end of
+//!              the replica's latest insert entry (zig-zag; 0 for a
+//!              backspace over what was just typed), and the length
+//!              shifted left once, the low bit set when reversed
 //!   text       the visible text, UTF-8, compressed (`codec::lz`: its
 //!              length, then the compressed bytes, length-prefixed)
 //!   buffered   count, then each buffered op in full
@@ -66,6 +68,7 @@
 
 use super::document::Text;
 use super::encoding::{read_buffered, write_buffered};
+use super::history::History;
 use super::leaf::{Run, char_len};
 use super::tree::Tree;
 use super::{MAX_ITEMS, NONE};
@@ -137,12 +140,12 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
     for &a in &kept {
         let deletes = &h.agents[a].deletes;
         enc.length(deletes.len());
-        let (mut next, mut last) = (1u64, 0i64);
+        let mut typed = Typed::default();
         for d in deletes {
-            enc.varint(d.counter - next);
-            next = d.counter + u64::from(d.len());
-            enc.signed_varint(i64::from(d.target) - last);
-            last = i64::from(d.target + d.len());
+            let counter = typed.skip(h, a);
+            debug_assert_eq!(counter, d.counter);
+            typed.at += u64::from(d.len());
+            enc.signed_varint(i64::from(typed.end) - i64::from(d.target + d.len()));
             enc.varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
         }
     }
@@ -185,6 +188,42 @@ fn read_len(dec: &mut Decoder<'_>, max: u32) -> Result<(u32, bool), DecodeError>
     match u32::try_from(packed >> 1) {
         Ok(len) if len > 0 && len <= max => Ok((len, packed & 1 == 1)),
         _ => Err(dec.invalid("empty or overlong stretch")),
+    }
+}
+
+/// A replica's insert entries walked in counter order beside its delete
+/// entries: a delete entry's counter is the first from `at` on that no
+/// insert entry holds (the two kinds tile the counters), so it is never
+/// written; and `end`, where the replica's latest insert entry before it
+/// ended, is what its target is written against (a backspace deletes
+/// what was just typed).
+#[derive(Default)]
+struct Typed {
+    /// The next insert entry of the replica (an index into its list).
+    next: usize,
+    /// The next counter not yet placed.
+    at: u64,
+    /// One past the last local version of the latest insert entry placed.
+    end: u32,
+}
+
+impl Typed {
+    /// Places the insert entries of replica `a` that start at `at`, in
+    /// turn, and returns the counter left for the next delete entry.
+    fn skip(&mut self, h: &History, a: usize) -> u64 {
+        self.at = self.at.max(1);
+        let inserts = &h.agents[a].inserts;
+        while let Some(&e) = inserts.get(self.next) {
+            let entry = &h.inserts[e as usize];
+            if entry.counter != self.at {
+                break;
+            }
+            let len = h.entry_len(e as usize);
+            self.at += u64::from(len);
+            self.end = entry.lv + len;
+            self.next += 1;
+        }
+        self.at
     }
 }
 
@@ -315,15 +354,23 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     let mut dead: Vec<(u32, u32)> = Vec::new();
     for (a, &k) in known.iter().enumerate() {
         let count = dec.length()?;
-        let (mut next, mut last) = (1u64, 0i64);
+        let mut typed = Typed::default();
         for _ in 0..count {
-            let counter = next.checked_add(dec.varint()?);
-            let target = read_lv(dec, last, items)?;
-            let (len, reversed) = read_len(dec, items - target)?;
-            let end = counter.and_then(|c| c.checked_add(u64::from(len)));
-            let (Some(counter), Some(end)) = (counter, end) else {
+            let counter = typed.skip(h, a);
+            let back = dec.signed_varint()?;
+            let packed = dec.varint()?;
+            let (len, reversed) = (packed >> 1, packed & 1 == 1);
+            let target = i64::from(typed.end)
+                .checked_sub(back)
+                .and_then(|end| end.checked_sub(i64::try_from(len).ok()?))
+                .and_then(|t| u32::try_from(t).ok())
+                .filter(|&t| len > 0 && u64::from(t) + len <= u64::from(items))
+                .ok_or_else(|| dec.invalid("delete target out of range"))?;
+            let len = len as u32;
+            let Some(end) = counter.checked_add(u64::from(len)) else {
                 return Err(dec.invalid("counter out of range"));
             };
+            typed.at = end;
             let agent = &h.agents[a];
             let joined = agent.deletes.len();
             if end - 1 > k || (reversed && len == 1) {
@@ -334,7 +381,6 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
                 return Err(dec.invalid("delete entries not joined"));
             }
             dead.push((target, target + len));
-            (next, last) = (end, i64::from(target + len));
         }
     }
     let offset = dec.offset();
