@@ -20,7 +20,10 @@
 //!
 //! Encodings are canonical: equal states encode to equal bytes (sets and maps
 //! are written in key order, and decoding rejects out-of-order or duplicate
-//! keys rather than silently dropping them).
+//! keys rather than silently dropping them). One exception: a
+//! [`Text`](crate::text::Text) document is written in its replica's own
+//! numbering of characters, so two replicas holding the same edits may
+//! write different bytes; bytes it accepts still re-encode to themselves.
 //!
 //! serde stays available on every type for formats such as JSON; this codec
 //! is the compact, checked one. An element type that has serde impls needs
