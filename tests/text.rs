@@ -428,6 +428,31 @@ fn early_ops_are_buffered() {
     assert_eq!(b, a);
 }
 
+/// Replica 2's first event, inserting "x" between the characters of
+/// replica 1 with the given counters (`None`: a document end), made from
+/// hand-written bytes so that nothing checks its origins on the way.
+fn insert_from_bytes(left: Option<u64>, right: Option<u64>) -> TextOp {
+    let mut enc = Encoder::new();
+    enc.byte(codec::FORMAT_VERSION);
+    enc.byte(<TextOp as codec::Tagged>::TAG);
+    enc.varint(2); // replica
+    enc.varint(1); // counter
+    enc.byte(0); // insert
+    for origin in [left, right] {
+        match origin {
+            Some(counter) => {
+                enc.byte(2); // another replica's id: r1
+                enc.varint(1);
+                enc.varint(counter);
+            }
+            None => enc.byte(0),
+        }
+    }
+    enc.bytes(b"x");
+    enc.length(0);
+    codec::from_bytes(&enc.into_bytes()).expect("well formed")
+}
+
 /// An op that names a deletion where a character must be is refused with
 /// a typed error and changes nothing.
 #[test]
@@ -436,19 +461,7 @@ fn invalid_ops_are_refused() {
     a.insert(0, "ab").unwrap();
     a.delete(0..1).unwrap(); // event r1.3 is a deletion
     // Replica 2 "inserts" after r1.3, by hand-made bytes.
-    let mut enc = Encoder::new();
-    enc.byte(codec::FORMAT_VERSION);
-    enc.byte(<TextOp as codec::Tagged>::TAG);
-    enc.varint(2); // replica
-    enc.varint(1); // counter
-    enc.byte(0); // insert
-    enc.byte(2); // left origin: another replica's id
-    enc.varint(1);
-    enc.varint(3);
-    enc.byte(0); // no right origin
-    enc.bytes(b"x");
-    enc.length(0);
-    let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+    let op = insert_from_bytes(Some(3), None);
     let before = a.clone();
     assert!(matches!(a.apply(&op), Err(TextError::InvalidOp { .. })));
     assert_eq!(a, before);
@@ -465,20 +478,7 @@ fn origins_out_of_order_are_refused() {
     b.insert(1, "z").unwrap(); // something between a and c
     a.merge(&b);
     for (left, right) in [(3, 1), (3, 2), (2, 2)] {
-        let mut enc = Encoder::new();
-        enc.byte(codec::FORMAT_VERSION);
-        enc.byte(<TextOp as codec::Tagged>::TAG);
-        enc.varint(2); // replica
-        enc.varint(1); // counter
-        enc.byte(0); // insert
-        for counter in [left, right] {
-            enc.byte(2); // another replica's id: r1
-            enc.varint(1);
-            enc.varint(counter);
-        }
-        enc.bytes(b"x");
-        enc.length(0);
-        let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+        let op = insert_from_bytes(Some(left), Some(right));
         let before = a.clone();
         assert!(
             matches!(a.apply(&op), Err(TextError::InvalidOp { .. })),
