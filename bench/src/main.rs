@@ -9,7 +9,8 @@
 //! log against its raw transactions),
 //! `text` (the traces, then the concurrent scenarios; the filter picks
 //! traces and scenarios whose name contains it, `B2` say); `report` runs
-//! them all and writes `BENCHMARKS.md`.
+//! them all and writes `BENCHMARKS.md` (`report text` reruns one suite and
+//! replaces only its section).
 
 mod adapt;
 mod alloc;
@@ -41,7 +42,7 @@ fn main() {
         "partition" => partition::run(),
         "redis" => redis::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
-        "report" => report::run(),
+        "report" => report::run(std::env::args().nth(2).as_deref()),
         other => {
             eprintln!(
                 "unknown suite {other:?}; suites: crdt, occ, coord, adapt, backend, fence, partition, redis, text; or report"

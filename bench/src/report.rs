@@ -1,6 +1,7 @@
 //! `report`: runs every suite, writes `BENCHMARKS.md` at the workspace
 //! root with the tables and the machine they ran on, and draws the plots
-//! into `bench/plots/`.
+//! into `bench/plots/`. `report <suite>` reruns one suite and replaces
+//! only its section (and its plots), noting when that section ran.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -72,7 +73,7 @@ fn machine() -> String {
 }
 
 /// Runs everything and writes the report.
-pub fn run() -> Vec<Row> {
+pub fn run(only: Option<&str>) -> Vec<Row> {
     let mut sections = Vec::new();
     let mut scaling = Vec::new();
     for (title, suite) in [
@@ -94,6 +95,9 @@ pub fn run() -> Vec<Row> {
             "text",
         ),
     ] {
+        if only.is_some_and(|o| o != suite) {
+            continue;
+        }
         eprintln!("report: running suite {suite}");
         let rows = match suite {
             "crdt" => crate::crdt::run(),
@@ -111,8 +115,12 @@ pub fn run() -> Vec<Row> {
         };
         sections.push(Section { title, suite, rows });
     }
-    eprintln!("report: contention curve");
-    let curve = crate::occ::contention_curve();
+    let curve = if sections.iter().any(|s| s.suite == "occ") {
+        eprintln!("report: contention curve");
+        crate::occ::contention_curve()
+    } else {
+        Vec::new()
+    };
 
     let plots = root().join("bench").join("plots");
     std::fs::create_dir_all(&plots).expect("create bench/plots");
@@ -129,12 +137,22 @@ pub fn run() -> Vec<Row> {
          other) before it times anything.\n"
     );
     let _ = writeln!(md, "## Machine\n\n{}", machine());
+    let mut parts = Vec::new();
     for s in &sections {
+        let start = md.len();
         let _ = writeln!(
             md,
             "## {}\n\n`cargo run -p calm-bench --release -- {}`\n",
             s.title, s.suite
         );
+        if only.is_some() {
+            let _ = writeln!(
+                md,
+                "This section alone was rerun later (`cargo run -p calm-bench --release -- report {}`):\n\n{}",
+                s.suite,
+                machine()
+            );
+        }
         if s.suite == "text" {
             let file = "text-replay.svg";
             if text_plot(&s.rows, &plots.join(file)).is_ok() {
@@ -186,6 +204,23 @@ pub fn run() -> Vec<Row> {
         }
         md.push_str(&markdown(&s.rows));
         md.push('\n');
+        parts.push((s.title, md[start..].to_owned()));
+    }
+    if only.is_some() {
+        // Replace the rerun sections in place, keeping the others.
+        md = read(&root().join("BENCHMARKS.md").to_string_lossy());
+        for (title, part) in parts {
+            let head = format!("## {title}\n");
+            match md.find(&head) {
+                Some(at) => {
+                    let end = md[at + head.len()..]
+                        .find("\n## ")
+                        .map_or(md.len(), |e| at + head.len() + e + 1);
+                    md.replace_range(at..end, &part);
+                }
+                None => md.push_str(&part),
+            }
+        }
     }
     std::fs::write(root().join("BENCHMARKS.md"), md).expect("write BENCHMARKS.md");
     eprintln!("report: wrote BENCHMARKS.md and bench/plots/");

@@ -588,21 +588,23 @@ impl<'a> Layout<'a> {
             .collect();
         queries.sort_unstable();
         let mut out = vec![[NONE; 3]; firsts.len()];
-        // The stacks hold document indices whose runs' first local
-        // versions grow towards the top: a run hides every run further
-        // away whose first local version is not lower.
-        let push = |stack: &mut Vec<u32>, d: usize| {
-            while stack
-                .last()
-                .is_some_and(|&p| runs[p as usize].lv >= runs[d].lv)
-            {
+        // The stacks hold runs (first local version, document index)
+        // whose first local versions grow towards the top: a run hides
+        // every run further away whose first local version is not lower.
+        // The answer is most often the top, tried before a search.
+        let push = |stack: &mut Vec<(u32, u32)>, d: usize| {
+            let lv = runs[d].lv;
+            while stack.last().is_some_and(|&(p, _)| p >= lv) {
                 stack.pop();
             }
-            stack.push(d as u32);
+            stack.push((lv, d as u32));
         };
-        let nearest = |stack: &[u32], x: u32| {
-            let i = stack.partition_point(|&p| runs[p as usize].lv < x);
-            (i > 0).then(|| runs[stack[i - 1] as usize])
+        let nearest = |stack: &[(u32, u32)], x: u32| {
+            let i = match stack.last() {
+                Some(&(lv, _)) if lv < x => stack.len(),
+                _ => stack.partition_point(|&(lv, _)| lv < x),
+            };
+            (i > 0).then(|| runs[stack[i - 1].1 as usize])
         };
         let (mut all, mut shown) = (Vec::new(), Vec::new());
         let mut q = 0;
