@@ -197,7 +197,6 @@ fn read_len(dec: &mut Decoder<'_>, max: u32) -> Result<(u32, bool), DecodeError>
 /// written; and `end`, where the replica's latest insert entry before it
 /// ended, is what its target is written against (a backspace deletes
 /// what was just typed).
-#[derive(Default)]
 struct Typed {
     /// The next insert entry of the replica (an index into its list).
     next: usize,
@@ -207,11 +206,21 @@ struct Typed {
     end: u32,
 }
 
+impl Default for Typed {
+    /// Before a replica's first event (counters start at 1).
+    fn default() -> Self {
+        Self {
+            next: 0,
+            at: 1,
+            end: 0,
+        }
+    }
+}
+
 impl Typed {
     /// Places the insert entries of replica `a` that start at `at`, in
     /// turn, and returns the counter left for the next delete entry.
     fn skip(&mut self, h: &History, a: usize) -> u64 {
-        self.at = self.at.max(1);
         let inserts = &h.agents[a].inserts;
         while let Some(&e) = inserts.get(self.next) {
             let entry = &h.inserts[e as usize];
@@ -358,15 +367,13 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         for _ in 0..count {
             let counter = typed.skip(h, a);
             let back = dec.signed_varint()?;
-            let packed = dec.varint()?;
-            let (len, reversed) = (packed >> 1, packed & 1 == 1);
+            let (len, reversed) = read_len(dec, items)?;
             let target = i64::from(typed.end)
                 .checked_sub(back)
-                .and_then(|end| end.checked_sub(i64::try_from(len).ok()?))
+                .and_then(|end| end.checked_sub(i64::from(len)))
                 .and_then(|t| u32::try_from(t).ok())
-                .filter(|&t| len > 0 && u64::from(t) + len <= u64::from(items))
+                .filter(|&t| u64::from(t) + u64::from(len) <= u64::from(items))
                 .ok_or_else(|| dec.invalid("delete target out of range"))?;
-            let len = len as u32;
             let Some(end) = counter.checked_add(u64::from(len)) else {
                 return Err(dec.invalid("counter out of range"));
             };
