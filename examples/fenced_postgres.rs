@@ -4,8 +4,11 @@
 //!
 //! The lock comes from calm's embedded store with a manual clock (so the
 //! pause and the tokens 33 and 34 are exact); the fence is a table next to
-//! `accounts`, checked by `PgFence::admit` in the same transaction as the
-//! update. Any calm grant on any backend works the same way.
+//! `accounts`, checked in the same transaction as the update: by
+//! `PgFence::admit` before B's update, and, for A, by the commit of a
+//! transaction opened with `PgFence::begin` (the admission goes with
+//! `COMMIT`, no extra round trip). Any calm grant on any backend works
+//! the same way.
 //!
 //! Starts a throwaway PostgreSQL (Debian package `postgresql`), or uses
 //! the server at `CALM_POSTGRES_URL`. Run with
@@ -70,16 +73,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     a_conn.resume();
-    let tx = db.transaction().await?;
-    match fence.admit(&tx, "accounts", a.token()).await {
-        Err(CoordError::Fenced(f)) => {
-            println!(
-                "4. A wakes and tries UPDATE accounts with token {}: {f}",
-                a.token()
-            );
-            tx.rollback().await?;
-        }
-        other => panic!("the stale holder was admitted: {other:?}"),
+    let tx = fence.begin(&mut db, "accounts", a.token()).await?;
+    tx.execute("UPDATE accounts SET balance = 0 WHERE id = 1", &[])
+        .await?;
+    match tx.commit().await {
+        Err(CoordError::Fenced(f)) => println!(
+            "4. A wakes, runs UPDATE accounts with token {} and commits: {f}",
+            a.token()
+        ),
+        other => panic!("the stale holder's commit was admitted: {other:?}"),
     }
     let balance: i64 = db
         .query_one("SELECT balance FROM accounts WHERE id = 1", &[])

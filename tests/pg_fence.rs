@@ -123,6 +123,176 @@ async fn a_stale_token_is_refused_and_its_writes_roll_back() {
     );
 }
 
+/// The seed scenario with the admission sent with `COMMIT`
+/// (`PgFence::begin`): the stale holder's update runs, its commit is
+/// refused and nothing of it lands. Names are sent as literals there, so
+/// quotes and backslashes must reach the table as they are; bad names
+/// are refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_token_is_refused_at_commit_and_its_writes_roll_back() {
+    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+        return;
+    };
+    let fence = PgFence::new("calm_fence").unwrap();
+    let mut c = client(server.url()).await;
+    setup(&c, &fence).await;
+
+    let tx = fence.begin(&mut c, "accounts", t(34)).await.unwrap();
+    assert_eq!(tx.token(), t(34));
+    tx.execute("UPDATE accounts SET balance = 50 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let tx = fence.begin(&mut c, "accounts", t(33)).await.unwrap();
+    tx.execute("UPDATE accounts SET balance = 0 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    match tx.commit().await {
+        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(33), t(34))),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(balance(&c).await, 50, "the stale write never landed");
+    // The connection is usable again: the refused transaction ended.
+    let tx = fence.begin(&mut c, "accounts", t(34)).await.unwrap();
+    tx.execute("UPDATE accounts SET balance = 60 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(balance(&c).await, 60);
+    // Dropped or rolled back, a fenced transaction leaves nothing.
+    for drop_it in [true, false] {
+        let tx = fence.begin(&mut c, "accounts", t(35)).await.unwrap();
+        tx.execute("UPDATE accounts SET balance = 0 WHERE id = 1", &[])
+            .await
+            .unwrap();
+        if drop_it {
+            drop(tx);
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        assert_eq!(balance(&c).await, 60);
+        assert_eq!(recorded_token(&c, "accounts").await, Some(34));
+    }
+    // One fence, whichever way it is admitted.
+    let tx = c.transaction().await.unwrap();
+    fence.admit(&tx, "accounts", t(36)).await.unwrap();
+    tx.commit().await.unwrap();
+    let tx = fence.begin(&mut c, "accounts", t(35)).await.unwrap();
+    assert!(matches!(tx.commit().await, Err(CoordError::Fenced(_))));
+
+    for odd in [
+        "it's",
+        "back\\slash\\",
+        "x'); DROP TABLE accounts; --",
+        "\\'",
+        "naïve ☃",
+    ] {
+        let tx = fence.begin(&mut c, odd, t(7)).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(recorded_token(&c, odd).await, Some(7), "{odd:?}");
+        let tx = fence.begin(&mut c, odd, t(6)).await.unwrap();
+        assert!(
+            matches!(tx.commit().await, Err(CoordError::Fenced(_))),
+            "{odd:?}"
+        );
+    }
+    assert_eq!(balance(&c).await, 60, "the accounts table is still there");
+    for bad in [
+        String::new(),
+        "n".repeat(MAX_FENCE_NAME + 1),
+        "nul\0".to_owned(),
+    ] {
+        assert!(matches!(
+            fence.begin(&mut c, &bad, t(40)).await,
+            Err(CoordError::InvalidName { .. })
+        ));
+    }
+    assert!(matches!(
+        fence.begin(&mut c, "accounts", t(u64::MAX)).await,
+        Err(CoordError::InvalidName { .. })
+    ));
+    // Nothing was left open by the refusals.
+    let tx = c.transaction().await.unwrap();
+    assert!(matches!(
+        fence.admit(&tx, "nul\0", t(1)).await,
+        Err(CoordError::InvalidName { .. })
+    ));
+    tx.commit().await.unwrap();
+}
+
+/// The token recorded for `name`, if any.
+async fn recorded_token(c: &Client, name: &str) -> Option<i64> {
+    c.query_opt(
+        "SELECT token FROM calm_fence.fences WHERE name = $1",
+        &[&name],
+    )
+    .await
+    .unwrap()
+    .map(|r| r.get(0))
+}
+
+/// At each isolation level, admitting at commit: a lower token's
+/// transaction that commits after a higher one's is refused (as `Fenced`,
+/// or under snapshot isolation a retryable serialization failure), and
+/// its write never lands; a lower token that commits first is admitted
+/// and the higher one after it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_commits_follow_token_order_at_every_isolation_level() {
+    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+        return;
+    };
+    let fence = PgFence::new("calm_fence").unwrap();
+    let mut a = client(server.url()).await;
+    let mut b = client(server.url()).await;
+    setup(&a, &fence).await;
+    let mut next = 10;
+    for level in LEVELS {
+        let name = format!("at-commit-{level:?}");
+        let (low, high) = (t(next), t(next + 1));
+        // The lower token's transaction is open (and has read) when the
+        // higher one commits.
+        let ta = fence
+            .begin_with(a.build_transaction().isolation_level(level), &name, low)
+            .await
+            .unwrap();
+        ta.execute("INSERT INTO history (token) VALUES ($1)", &[&-1i64])
+            .await
+            .unwrap();
+        let tb = fence
+            .begin_with(b.build_transaction().isolation_level(level), &name, high)
+            .await
+            .unwrap();
+        tb.commit().await.unwrap();
+        match (level, ta.commit().await) {
+            (_, Err(CoordError::Fenced(f))) => assert_eq!((f.presented, f.highest), (low, high)),
+            (IsolationLevel::ReadCommitted, other) => {
+                panic!("{level:?}: a lower token committed after a higher one: {other:?}")
+            }
+            (_, Err(CoordError::Store(e))) => assert!(e.is_retryable(), "{level:?}: {e}"),
+            (_, other) => {
+                panic!("{level:?}: a lower token committed after a higher one: {other:?}")
+            }
+        }
+        let stale: i64 = a
+            .query_one("SELECT count(*) FROM history WHERE token = -1", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(stale, 0, "{level:?}: the refused transaction's row landed");
+        // In token order, both commit.
+        for token in [t(next + 2), t(next + 3)] {
+            let tx = fence
+                .begin_with(a.build_transaction().isolation_level(level), &name, token)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+        assert_eq!(recorded_token(&a, &name).await, Some(next as i64 + 3));
+        next += 10;
+    }
+}
+
 /// At each isolation level: a higher token admitted while a lower one's
 /// transaction is open waits for it, so commits follow token order; a
 /// lower token after a higher one is refused, as a `Fenced` error or (in
@@ -205,13 +375,14 @@ async fn commits_follow_token_order_at_every_isolation_level() {
 }
 
 /// Many writers with random tokens, isolation levels and pauses race on
-/// one fence through real transactions. The history they append in the
-/// same transactions (its ids follow commit order, since every writer
-/// holds the fence's row lock from admission to commit) never goes down
-/// in token, every write saw an account last written by a token no
-/// higher than its own, and refused transactions left nothing behind.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn racing_writers_never_commit_out_of_token_order() {
+/// one fence through real transactions, admitting first
+/// (`PgFence::admit`) or at commit (`PgFence::begin`). The history they
+/// append in the same transactions (its ids follow commit order: every
+/// writer holds the account's row lock from its first write to its
+/// commit) never goes down in token, an admitted-first write saw an
+/// account last written by a token no higher than its own, and refused
+/// transactions left nothing behind.
+async fn race(at_commit: bool) {
     let Some(server) = skip_or_fail(PostgresServer::start()) else {
         return;
     };
@@ -237,41 +408,31 @@ async fn racing_writers_never_commit_out_of_token_order() {
             for _ in 0..rounds {
                 let token = t(1 + next() % 60);
                 let level = LEVELS[(next() % 3) as usize];
-                let tx = begin(&mut c, level).await;
-                let admitted = fence.admit(&tx, "accounts", token).await;
-                if next() % 2 == 0 {
-                    tokio::time::sleep(Duration::from_millis(next() % 15)).await;
-                }
-                if admitted.is_err() {
-                    let _ = tx.rollback().await;
-                    continue;
-                }
-                let write = async {
-                    let prev: i64 = tx
-                        .query_one(
-                            "SELECT last_token FROM accounts WHERE id = 1 FOR UPDATE",
-                            &[],
-                        )
-                        .await?
-                        .get(0);
-                    let token = i64::try_from(token.get()).unwrap();
-                    assert!(
-                        prev <= token,
-                        "token {token} admitted after {prev} was written"
-                    );
-                    tx.execute(
-                        "UPDATE accounts SET last_token = $1, balance = balance + 1 WHERE id = 1",
-                        &[&token],
-                    )
-                    .await?;
-                    tx.execute("INSERT INTO history (token) VALUES ($1)", &[&token])
-                        .await?;
-                    Ok::<_, tokio_postgres::Error>(())
-                };
+                let pause = (next() % 2 == 0).then(|| Duration::from_millis(next() % 15));
+                let stored = i64::try_from(token.get()).unwrap();
                 // Snapshot isolation may abort the write (serialization
                 // failure): then nothing of it commits.
-                if write.await.is_ok() && tx.commit().await.is_ok() {
-                    committed += 1;
+                if at_commit {
+                    let builder = c.build_transaction().isolation_level(level);
+                    let tx = fence.begin_with(builder, "accounts", token).await.unwrap();
+                    if write(&tx, pause, stored).await.is_ok() && tx.commit().await.is_ok() {
+                        committed += 1;
+                    }
+                } else {
+                    let tx = begin(&mut c, level).await;
+                    if fence.admit(&tx, "accounts", token).await.is_err() {
+                        let _ = tx.rollback().await;
+                        continue;
+                    }
+                    if let Ok(prev) = write(&tx, pause, stored).await {
+                        assert!(
+                            prev <= stored,
+                            "token {stored} admitted after {prev} was written"
+                        );
+                        if tx.commit().await.is_ok() {
+                            committed += 1;
+                        }
+                    }
                 }
             }
             committed
@@ -297,6 +458,55 @@ async fn racing_writers_never_commit_out_of_token_order() {
     );
     assert_eq!(balance(&setup_client).await, 100 + i64::from(committed));
     assert!(committed > 0, "some writes committed");
+    let highest: i64 = setup_client
+        .query_one(
+            "SELECT token FROM calm_fence.fences WHERE name = 'accounts'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        tokens.last().is_some_and(|&last| last <= highest),
+        "the fence is below a committed token"
+    );
+}
+
+/// One racing writer's write: the account's last token (read under its
+/// row lock), then the account and the history written with `token`.
+async fn write(
+    tx: &Transaction<'_>,
+    pause: Option<Duration>,
+    token: i64,
+) -> Result<i64, tokio_postgres::Error> {
+    if let Some(pause) = pause {
+        tokio::time::sleep(pause).await;
+    }
+    let prev: i64 = tx
+        .query_one(
+            "SELECT last_token FROM accounts WHERE id = 1 FOR UPDATE",
+            &[],
+        )
+        .await?
+        .get(0);
+    tx.execute(
+        "UPDATE accounts SET last_token = $1, balance = balance + 1 WHERE id = 1",
+        &[&token],
+    )
+    .await?;
+    tx.execute("INSERT INTO history (token) VALUES ($1)", &[&token])
+        .await?;
+    Ok(prev)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_admitting_first_never_commit_out_of_token_order() {
+    race(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_admitting_at_commit_never_commit_out_of_token_order() {
+    race(true).await;
 }
 
 /// Rows in the fence table for `name`.
@@ -443,17 +653,74 @@ async fn sqlx_transactions_are_fenced_alike() {
         other => panic!("a stale snapshot's admission got {other:?}"),
     }
     old.rollback().await.unwrap();
+
+    // Admitted at commit, in one message.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = 70 WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    fence.commit_sqlx(tx, "accounts", t(50)).await.unwrap();
+    assert_eq!(balance(&c).await, 70);
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = 0 WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    match fence.commit_sqlx(tx, "accounts", t(49)).await {
+        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(49), t(50))),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(balance(&c).await, 70, "the stale write never landed");
+    // The connections come back clean, refused or committed: outside any
+    // transaction (a savepoint there fails with no_active_sql_transaction).
+    let mut conn = pool.acquire().await.unwrap();
+    for token in [t(48), t(50)] {
+        let tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let _ = fence.commit_sqlx(tx, "accounts", token).await;
+        let probe = sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await;
+        let code = probe
+            .as_ref()
+            .err()
+            .and_then(|e| e.as_database_error())
+            .and_then(|e| e.code().map(|c| c.into_owned()));
+        assert_eq!(
+            code.as_deref(),
+            Some("25P01"),
+            "a transaction was left open on the connection: {probe:?}"
+        );
+    }
+    drop(conn);
+    for _ in 0..3 {
+        let tx = pool.begin().await.unwrap();
+        fence.commit_sqlx(tx, "accounts", t(50)).await.unwrap();
+    }
+    // A savepoint is refused before anything is sent.
+    let mut tx = pool.begin().await.unwrap();
+    let savepoint = sqlx::Connection::begin(&mut *tx).await.unwrap();
+    assert!(matches!(
+        fence.commit_sqlx(savepoint, "accounts", t(50)).await,
+        Err(CoordError::InvalidArgument { .. })
+    ));
+    sqlx::query("UPDATE accounts SET balance = 80 WHERE id = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    fence.commit_sqlx(tx, "accounts", t(50)).await.unwrap();
+    assert_eq!(balance(&c).await, 80);
 }
 
 /// The seed scenario with the stale holder a separate OS process: it
 /// takes calm's `Lock` on a `PostgresStore` (lease TTL 1 s) and is frozen
-/// with SIGSTOP, once before it opens its transaction and once inside it
-/// (after admitting and updating). Its successor acquires the lock when
-/// the frozen lease expires, admits its own token (in the second case
-/// after the server ends the frozen session, idle in its transaction past
-/// `idle_in_transaction_session_timeout`) and commits. Resumed, the stale
-/// holder is refused either way, and an observer polling the account
-/// never sees the stale holder's write.
+/// with SIGSTOP three times: before it opens its transaction; inside it
+/// after admitting and updating; and inside a transaction that admits at
+/// commit (`PgFence::begin`), before its update. Its successor acquires
+/// the lock when the frozen lease expires, admits its own token (in the
+/// second case after the server ends the frozen session, idle in its
+/// transaction past `idle_in_transaction_session_timeout`) and commits.
+/// Resumed, the stale holder is refused every time (in the third, its
+/// update runs and its commit is refused), and an observer polling the
+/// account never sees the stale holder's write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holder_process_never_commits_after_its_successor() {
     use std::io::{BufRead, BufReader, Write};
@@ -494,7 +761,7 @@ async fn a_frozen_holder_process_never_commits_after_its_successor() {
         })
     };
     let exe = std::env::current_exe().unwrap();
-    for phase in ["before-tx", "in-tx"] {
+    for phase in ["before-tx", "in-tx", "at-commit"] {
         let child = Command::new(&exe)
             .args([
                 "--ignored",
@@ -539,21 +806,26 @@ async fn a_frozen_holder_process_never_commits_after_its_successor() {
             .unwrap();
         let mine = i64::try_from(guard.token().get()).unwrap();
         assert!(mine > token, "{phase}: successor {mine} after {token}");
-        let tx = c.transaction().await.unwrap();
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            fence.admit(&tx, "accounts", guard.token()),
-        )
-        .await
-        .expect("the frozen holder's transaction was never ended")
-        .unwrap();
-        tx.execute(
-            "UPDATE accounts SET balance = balance + 5, last_token = $1 WHERE id = 1",
-            &[&mine],
-        )
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
+        let successor = "UPDATE accounts SET balance = balance + 5, last_token = $1 WHERE id = 1";
+        if phase == "at-commit" {
+            let tx = fence
+                .begin(&mut c, "accounts", guard.token())
+                .await
+                .unwrap();
+            tx.execute(successor, &[&mine]).await.unwrap();
+            tx.commit().await.unwrap();
+        } else {
+            let tx = c.transaction().await.unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                fence.admit(&tx, "accounts", guard.token()),
+            )
+            .await
+            .expect("the frozen holder's transaction was never ended")
+            .unwrap();
+            tx.execute(successor, &[&mine]).await.unwrap();
+            tx.commit().await.unwrap();
+        }
 
         send_signal(pid, Signal::Cont).unwrap();
         writeln!(stdin, "GO").unwrap();
@@ -568,7 +840,11 @@ async fn a_frozen_holder_process_never_commits_after_its_successor() {
             .unwrap();
         let (balance, last): (i64, i64) = (row.get(0), row.get(1));
         assert_eq!(last, mine, "{phase}: the last writer is the successor");
-        let expected = if phase == "before-tx" { 105 } else { 110 };
+        let expected = match phase {
+            "before-tx" => 105,
+            "in-tx" => 110,
+            _ => 115,
+        };
         assert_eq!(
             balance, expected,
             "{phase}: only the successors' +5s landed"
@@ -615,13 +891,28 @@ async fn fenced_holder() {
     let mut c = client(url).await;
     // What a fenced writer's sessions should set: a holder frozen inside
     // its transaction keeps the fence row locked until the server ends
-    // the session.
-    c.batch_execute("SET idle_in_transaction_session_timeout = '1s'")
-        .await
-        .unwrap();
+    // the session. Phase `at-commit` holds no lock while frozen (it
+    // opened its transaction and has not written yet), so its session
+    // stays, and only the fence can refuse its commit.
+    if phase != "at-commit" {
+        c.batch_execute("SET idle_in_transaction_session_timeout = '1s'")
+            .await
+            .unwrap();
+    }
     let stale_write = "UPDATE accounts SET balance = balance - 10, last_token = $1 WHERE id = 1";
     let holding = || println!("HOLDING {mine}");
-    let finished = if phase == "in-tx" {
+    let finished = if phase == "at-commit" {
+        let t = fence.begin(&mut c, "accounts", token).await.unwrap();
+        holding();
+        wait_for_go().await;
+        async {
+            t.execute(stale_write, &[&mine])
+                .await
+                .map_err(|e| e.to_string())?;
+            t.commit().await.map_err(|e| e.to_string())
+        }
+        .await
+    } else if phase == "in-tx" {
         let t = c.transaction().await.unwrap();
         fence.admit(&t, "accounts", token).await.unwrap();
         t.execute(stale_write, &[&mine]).await.unwrap();

@@ -59,6 +59,13 @@ pub enum CoordError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An argument the operation cannot take (a savepoint where a whole
+    /// transaction is needed); nothing was done.
+    #[error("invalid argument: {reason}")]
+    InvalidArgument {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A lease, election or lock needs a Tokio runtime for its background
     /// keep-alive, and none is running on this thread. Nothing was
     /// granted. Call it from inside a runtime.

@@ -1,11 +1,10 @@
 //! What fencing a write costs in the user's own PostgreSQL transaction:
-//! `BEGIN; PgFence::admit; UPDATE; COMMIT` against `BEGIN; UPDATE;
-//! COMMIT` on the same server, each task on its own connection and its
-//! own account row, with fence names of their own or one shared name.
-//! The admission is pipelined with the update (both sent, then both
-//! awaited: the server runs them in order, so the update still follows
-//! the admission), as `PgFence::admit`'s docs suggest; one row awaits it
-//! first instead, which costs a round trip more.
+//! `PgFence::begin; UPDATE; commit` (the admission sent with `COMMIT`,
+//! one message) against `BEGIN; UPDATE; COMMIT` on the same server, each
+//! task on its own connection and its own account row, with fence names
+//! of their own or one shared name. Two rows at 1 writer show the
+//! admission as its own statement instead (`BEGIN; PgFence::admit;
+//! UPDATE; COMMIT`), awaited first and pipelined with the update.
 
 use calm::backend::postgres::PgFence;
 use calm::coord::FencingToken;
@@ -32,20 +31,30 @@ pub(crate) struct AccountWriter {
     /// The fence and the name it admits on, or `None` for the unfenced
     /// side.
     fence: Option<(PgFence, String)>,
-    /// Whether the admission is pipelined with the update (sent together,
-    /// answered in one round trip) or awaited before it.
-    pipelined: bool,
+    /// Where the admission goes.
+    admission: Admission,
+}
+
+/// Where a fenced transaction admits its token.
+#[derive(Clone, Copy, PartialEq)]
+enum Admission {
+    /// `PgFence::begin`: sent with `COMMIT`.
+    AtCommit,
+    /// `PgFence::admit`, pipelined with the update (both sent, then both
+    /// awaited).
+    Pipelined,
+    /// `PgFence::admit`, awaited before the update.
+    Awaited,
 }
 
 impl AccountWriter {
-    /// `tasks` writers, on accounts 0.., fenced on `name(task)` if given,
-    /// the admission pipelined with the update or not.
+    /// `tasks` writers, on accounts 0.., fenced on `name(task)` if given.
     fn many(
         rt: &Runtime,
         url: &str,
         tasks: usize,
         name: Option<&dyn Fn(usize) -> String>,
-        pipelined: bool,
+        admission: Admission,
     ) -> Vec<Self> {
         rt.block_on(async {
             let mut out = Vec::with_capacity(tasks);
@@ -67,7 +76,7 @@ impl AccountWriter {
                     update,
                     account,
                     fence,
-                    pipelined,
+                    admission,
                 });
             }
             out
@@ -79,24 +88,35 @@ impl Worker for AccountWriter {
     async fn preload(&mut self) {}
 
     async fn run(&mut self, _op: Op) -> bool {
-        let tx = self.client.transaction().await.expect("begin");
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.account];
+        let token = FencingToken::new(1);
+        let Some((fence, name)) = &self.fence else {
+            let tx = self.client.transaction().await.expect("begin");
+            tx.execute(&self.update, &params).await.expect("update");
+            tx.commit().await.expect("commit");
+            return true;
+        };
+        if self.admission == Admission::AtCommit {
+            let tx = fence
+                .begin(&mut self.client, name, token)
+                .await
+                .expect("begin");
+            tx.execute(&self.update, &params).await.expect("update");
+            tx.commit()
+                .await
+                .expect("one holder's token is always admitted");
+            return true;
+        }
+        let tx = self.client.transaction().await.expect("begin");
         let update = tx.execute(&self.update, &params);
-        match &self.fence {
-            Some((fence, name)) => {
-                let admit = fence.admit(&tx, name, FencingToken::new(1));
-                if self.pipelined {
-                    let (admitted, updated) = tokio::join!(admit, update);
-                    admitted.expect("one holder's token is always admitted");
-                    updated.expect("update");
-                } else {
-                    admit.await.expect("one holder's token is always admitted");
-                    update.await.expect("update");
-                }
-            }
-            None => {
-                update.await.expect("update");
-            }
+        let admit = fence.admit(&tx, name, token);
+        if self.admission == Admission::Pipelined {
+            let (admitted, updated) = tokio::join!(admit, update);
+            admitted.expect("one holder's token is always admitted");
+            updated.expect("update");
+        } else {
+            admit.await.expect("one holder's token is always admitted");
+            update.await.expect("update");
         }
         tx.commit().await.expect("commit");
         true
@@ -122,19 +142,24 @@ pub(crate) fn rows(rt: &Runtime, url: &str) -> Vec<Row> {
         ("one shared fence name", &shared),
     ];
     for (label, name) in names {
-        let mut fenced = AccountWriter::many(rt, url, max, Some(name), true);
-        let mut plain = AccountWriter::many(rt, url, max, None, false);
+        let mut fenced = AccountWriter::many(rt, url, max, Some(name), Admission::AtCommit);
+        let mut plain = AccountWriter::many(rt, url, max, None, Admission::AtCommit);
         if label == "own fence names" {
-            // The admission awaited before the update: one round trip more.
-            let mut sequential = AccountWriter::many(rt, url, 1, Some(name), false);
-            let (a, b) = interleaved(rt, &mut sequential, &mut plain, 1, Op::Put);
-            rows.push(throughput_row_of(
-                "PostgreSQL, the user's table",
-                "fenced UPDATE transaction, admission awaited first, 1 writer".to_owned(),
-                "the same transaction unfenced",
-                a,
-                b,
-            ));
+            // The admission as a statement of its own, at one writer.
+            for (admission, how) in [
+                (Admission::Awaited, "awaited first"),
+                (Admission::Pipelined, "pipelined with the update"),
+            ] {
+                let mut other = AccountWriter::many(rt, url, 1, Some(name), admission);
+                let (a, b) = interleaved(rt, &mut other, &mut plain, 1, Op::Put);
+                rows.push(throughput_row_of(
+                    "PostgreSQL, the user's table",
+                    format!("fenced UPDATE transaction, PgFence::admit {how}, 1 writer"),
+                    "the same transaction unfenced",
+                    a,
+                    b,
+                ));
+            }
         }
         for tasks in WRITERS {
             let (a, b) = interleaved(rt, &mut fenced, &mut plain, tasks, Op::Put);
@@ -145,7 +170,9 @@ pub(crate) fn rows(rt: &Runtime, url: &str) -> Vec<Row> {
             let plural = if tasks == 1 { "" } else { "s" };
             rows.push(throughput_row_of(
                 "PostgreSQL, the user's table",
-                format!("fenced UPDATE transaction, admission pipelined, {tasks} writer{plural}, {label}"),
+                format!(
+                    "fenced UPDATE transaction (PgFence::begin), {tasks} writer{plural}, {label}"
+                ),
                 "the same transaction unfenced",
                 a,
                 b,

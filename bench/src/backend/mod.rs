@@ -46,13 +46,14 @@
 //! none of that, and its table keeps no history. On etcd the models are the
 //! same, so the ratio is calm's own overhead.
 //!
-//! - **Fencing in the user's own tables.** `BEGIN; PgFence::admit;
-//!   UPDATE; COMMIT` (the admission pipelined with the update) against
-//!   the same transaction without the admission, 1, 4 and 16 writers on
-//!   their own connections and account rows, with fence names of their
-//!   own and with one shared name (every writer then queues on the fence
-//!   row, as writers of one resource do); and once with the admission
-//!   awaited before the update, at 1 writer.
+//! - **Fencing in the user's own tables.** `PgFence::begin; UPDATE;
+//!   commit` (the admission sent with `COMMIT`, one message) against
+//!   `BEGIN; UPDATE; COMMIT`, 1, 4 and 16 writers on their own
+//!   connections and account rows, with fence names of their own and
+//!   with one shared name (every writer then queues on the fence row, as
+//!   writers of one resource do); and at 1 writer with the admission as
+//!   its own statement (`PgFence::admit`), awaited before the update and
+//!   pipelined with it.
 //!
 //! The servers are started like the tests start them (`calm::testing::
 //! servers`); when a binary is missing the suite says so and skips it.

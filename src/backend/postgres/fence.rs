@@ -1,7 +1,9 @@
 //! Fencing inside the user's own PostgreSQL transactions.
 
+use std::ops::{Deref, DerefMut};
+
 use tokio_postgres::types::Type;
-use tokio_postgres::{GenericClient, Transaction};
+use tokio_postgres::{Client, GenericClient, Transaction, TransactionBuilder};
 
 use super::store::{check_schema, pg_error};
 #[cfg(feature = "sqlx")]
@@ -16,11 +18,24 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// your own transactions: the resource enforces the token, next to the
 /// data it guards.
 ///
-/// [`admit`](PgFence::admit) runs one statement in your transaction: it
-/// raises the highest token recorded for a fence name to yours, or, if a
-/// higher one was recorded, refuses with [`CoordError::Fenced`] naming
-/// both. Your writes in the same transaction then commit or roll back
-/// with the admission. Tokens come from any calm grant on any backend
+/// An admission raises the highest token recorded for a fence name to
+/// yours, or, if a higher one was recorded, refuses with
+/// [`CoordError::Fenced`] naming both; your writes in the same
+/// transaction commit or roll back with it. Two ways to admit:
+///
+/// - [`begin`](PgFence::begin) opens a [`FencedTransaction`] whose
+///   [`commit`](FencedTransaction::commit) sends the admission with
+///   `COMMIT` in one message: a fenced transaction makes the round trips
+///   of an unfenced one, and the fence row is locked only while the
+///   transaction commits. The token is checked when your writes land,
+///   as a storage service checking each write's token would
+///   ([`commit_sqlx`](PgFence::commit_sqlx) for sqlx).
+/// - [`admit`](PgFence::admit) runs the admission as a statement of its
+///   own where you call it, usually first: everything the transaction
+///   reads afterwards follows every older holder's commit
+///   ([`admit_sqlx`](PgFence::admit_sqlx) for sqlx).
+///
+/// Tokens come from any calm grant on any backend
 /// ([`Lock`](crate::coord::Lock), [`Election`](crate::coord::Election),
 /// [`Ownership`](crate::coord::Ownership) views, [`Idempotent`](crate::coord::Idempotent)
 /// claims): a leader elected on etcd can guard tables in PostgreSQL.
@@ -29,7 +44,8 @@ pub const MAX_FENCE_NAME: usize = 256;
 ///
 /// Admission writes the fence's row, so it holds that row's lock until
 /// the transaction ends; two transactions admitting on one name are
-/// therefore serialised on it.
+/// therefore serialised on it (an admission at commit holds it only
+/// while committing).
 ///
 /// - READ COMMITTED: a later admission waits for an open one to end, then
 ///   re-checks the row as committed. A lower token that arrives second is
@@ -73,7 +89,13 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// -- higher token is recorded (ON CONFLICT ... WHERE f.token <= t), then
 /// -- returns the fence's token.
 /// CREATE OR REPLACE FUNCTION calm.fence_admit(n text, t bigint) RETURNS bigint ...
+/// -- fence_require(n, t): fence_admit, raising SQLSTATE CF001 (the
+/// -- recorded token as its detail) if t is refused; sent before COMMIT.
+/// CREATE OR REPLACE FUNCTION calm.fence_require(n text, t bigint) RETURNS void ...
 /// ```
+///
+/// Run the migration again after upgrading calm: it is idempotent and
+/// installs functions added since.
 ///
 /// The function keeps the admission to one round trip with a plan the
 /// server caches per session (a bare upsert sent unprepared is planned on
@@ -103,7 +125,14 @@ pub struct PgFence {
     /// The admission: a call of the `fence_admit` function the migration
     /// installs, which returns the fence's token after it.
     admit: String,
+    /// The start of a call of `fence_require`, which refuses by raising:
+    /// the name and token follow as literals, for statements sent in one
+    /// simple query with `BEGIN` or `COMMIT`.
+    require: String,
 }
+
+/// The SQLSTATE `fence_require` raises when it refuses a token.
+const FENCED_SQLSTATE: &str = "CF001";
 
 impl PgFence {
     /// A fence table in `schema` (1-40 ASCII letters, digits or `_`).
@@ -136,9 +165,23 @@ impl PgFence {
                          SELECT f.token INTO highest FROM {s}.fences f WHERE f.name = n;\n    \
                      END IF;\n    \
                      RETURN highest;\n\
+                 END $$;\n\
+                 -- fence_admit, raising SQLSTATE CF001 (the recorded token in\n\
+                 -- its detail) when a higher token is recorded: it aborts the\n\
+                 -- transaction, so a COMMIT sent after it never runs.\n\
+                 CREATE OR REPLACE FUNCTION {s}.fence_require(n text, t bigint)\n\
+                 RETURNS void LANGUAGE plpgsql AS $$\n\
+                 DECLARE\n    \
+                     highest bigint := {s}.fence_admit(n, t);\n\
+                 BEGIN\n    \
+                     IF highest <> t THEN\n        \
+                         RAISE EXCEPTION 'fence %: token % refused, % recorded', n, t, highest\n            \
+                         USING ERRCODE = '{FENCED_SQLSTATE}', DETAIL = highest::text;\n    \
+                     END IF;\n\
                  END $$;\n"
             ),
             admit: format!("SELECT {s}.fence_admit($1, $2)"),
+            require: format!("SELECT {s}.fence_require("),
         })
     }
 
@@ -190,16 +233,13 @@ impl PgFence {
     /// # Performance
     ///
     /// Awaited before your first statement, the admission adds one round
-    /// trip to the transaction. Sent together with it instead (polled
-    /// concurrently, so tokio-postgres pipelines both on the connection),
-    /// it adds none: the server still runs the admission first, and if it
-    /// is refused you roll back whatever ran after it. Near the database
-    /// (loopback, a fast LAN) the round trip is not most of the cost,
-    /// though: the extra statement is. calm's bench measures a one-row
-    /// fenced `UPDATE` transaction at about 1.5× the unfenced one whether
-    /// the admission is pipelined or awaited, and on the same server a
-    /// bare `SELECT 1` added as its own statement costs 1.3–1.4× (pgbench):
-    /// each statement carries its own sync and server round of work.
+    /// trip and one statement to the transaction. Polled concurrently with
+    /// your first statement (tokio-postgres then pipelines both on the
+    /// connection) it adds no wait for the network, though each statement
+    /// still carries its own sync and round of server work, which near the
+    /// database (loopback, a fast LAN) is most of the cost: prefer
+    /// [`begin`](PgFence::begin), whose admission shares `COMMIT`'s
+    /// message. BENCHMARKS.md measures the three side by side.
     ///
     /// ```no_run
     /// # use calm::backend::postgres::PgFence;
@@ -240,6 +280,113 @@ impl PgFence {
             .map_err(|e| CoordError::Store(pg_error(e, false)))?
             .get(0);
         admission(token, presented, highest)
+    }
+
+    /// Opens a transaction on `client` whose commit admits `token` for
+    /// fence `name`: [`FencedTransaction::commit`] sends the admission and
+    /// `COMMIT` as one message, so a fenced transaction costs the round
+    /// trips of an unfenced one. A [`deadpool_postgres::Client`]
+    /// dereferences to the `tokio_postgres` one this takes.
+    ///
+    /// The name and token are checked here; the fence, when the
+    /// transaction commits. Until then your statements run unfenced, as
+    /// they would against a storage service that checks the token of each
+    /// write: if a newer token was admitted meanwhile, the commit is
+    /// refused and everything rolls back. Under READ COMMITTED, rows your
+    /// transaction *reads* may therefore predate an older holder's
+    /// concurrent commit; if you compute writes from reads in your own
+    /// code, use REPEATABLE READ ([`begin_with`](PgFence::begin_with)),
+    /// where such a commit in between fails yours with a retryable
+    /// serialization error, or [`admit`](PgFence::admit) first.
+    ///
+    /// Use one way per fence name: a transaction that admits first takes
+    /// the fence row before your rows, one that admits at commit takes
+    /// your rows first, and two taking them in opposite orders deadlock
+    /// (the server breaks it, failing one with a retryable error).
+    ///
+    /// # Errors
+    ///
+    /// [`CoordError::InvalidName`] for an empty name, one over
+    /// [`MAX_FENCE_NAME`] bytes or containing NUL, or a token above
+    /// `i64::MAX`; a database error as [`CoordError::Store`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before it returns, the transaction (if it was
+    /// opened) rolls back.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use calm::backend::postgres::PgFence;
+    /// use calm::coord::FencingToken;
+    ///
+    /// # async fn run(client: &mut tokio_postgres::Client, token: FencingToken)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let fence = PgFence::new("calm")?;
+    /// let tx = fence.begin(client, "accounts", token).await?;
+    /// tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await?;
+    /// tx.commit().await?; // refused, and rolled back, if a newer holder wrote
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn begin<'c>(
+        &self,
+        client: &'c mut Client,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'c>, CoordError> {
+        self.begin_with(client.build_transaction(), name, token)
+            .await
+    }
+
+    /// [`begin`](PgFence::begin) with the transaction's options (isolation
+    /// level, read only, deferrable) set on `builder`.
+    ///
+    /// # Errors
+    ///
+    /// As [`begin`](PgFence::begin).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`begin`](PgFence::begin).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use calm::backend::postgres::PgFence;
+    /// use calm::coord::FencingToken;
+    /// use tokio_postgres::IsolationLevel;
+    ///
+    /// # async fn run(client: &mut tokio_postgres::Client, fence: PgFence, token: FencingToken)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let builder = client
+    ///     .build_transaction()
+    ///     .isolation_level(IsolationLevel::RepeatableRead);
+    /// let tx = fence.begin_with(builder, "accounts", token).await?;
+    /// let balance: i64 = tx
+    ///     .query_one("SELECT balance FROM accounts WHERE id = 1", &[])
+    ///     .await?
+    ///     .get(0);
+    /// tx.execute("UPDATE accounts SET balance = $1 WHERE id = 1", &[&(balance - 10)])
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn begin_with<'c>(
+        &self,
+        builder: TransactionBuilder<'c>,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'c>, CoordError> {
+        let presented = check_admission(name, token)?;
+        let commit = format!("{}{}, {presented}); COMMIT", self.require, literal(name));
+        let tx = builder
+            .start()
+            .await
+            .map_err(|e| CoordError::Store(pg_error(e, false)))?;
+        Ok(FencedTransaction { tx, commit, token })
     }
 
     /// [`admit`](PgFence::admit) for [`sqlx`] (feature `sqlx`): admits
@@ -290,21 +437,227 @@ impl PgFence {
             .bind(presented)
             .fetch_one(conn)
             .await
-            .map_err(sqlx_error)?;
+            .map_err(|e| sqlx_error(e, false))?;
         admission(token, presented, highest)
+    }
+
+    /// Admits `token` for fence `name` and commits `tx`, in one round
+    /// trip: the sqlx form of [`FencedTransaction::commit`] (feature
+    /// `sqlx`), with the same guarantees and the same caveat on what the
+    /// transaction read (see [`begin`](PgFence::begin)). `tx` must be a
+    /// transaction, not a savepoint inside one.
+    ///
+    /// The admission, `COMMIT` and a `BEGIN` go as one message; dropping
+    /// `tx` then queues sqlx's `ROLLBACK`, which ends that empty
+    /// transaction when the connection is next used (with the ping a pool
+    /// sends when the connection comes back). Without the `BEGIN`, the
+    /// `ROLLBACK` would find no transaction and the server would log a
+    /// warning.
+    ///
+    /// # Errors
+    ///
+    /// As [`FencedTransaction::commit`]; [`CoordError::InvalidName`] for a
+    /// bad name or token, [`CoordError::InvalidArgument`] for a savepoint
+    /// (nothing is sent then, and dropping `tx` rolls the savepoint back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped once the commit was sent, the transaction
+    /// may have committed or not.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use calm::backend::postgres::PgFence;
+    /// use calm::coord::FencingToken;
+    ///
+    /// # async fn run(pool: sqlx::PgPool, fence: PgFence, token: FencingToken)
+    /// #     -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// fence.commit_sqlx(tx, "accounts", token).await?; // refused if a newer holder wrote
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sqlx")]
+    pub async fn commit_sqlx(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        name: &str,
+        token: FencingToken,
+    ) -> Result<(), CoordError> {
+        use sqlx::{Database, Postgres, TransactionManager};
+
+        let presented = check_admission(name, token)?;
+        if <Postgres as Database>::TransactionManager::get_transaction_depth(&tx) != 1 {
+            return Err(CoordError::InvalidArgument {
+                reason: "a fenced commit ends a whole transaction, not a savepoint",
+            });
+        }
+        let sql = format!(
+            "{}{}, {presented}); COMMIT; BEGIN",
+            self.require,
+            literal(name)
+        );
+        // On failure the rest of the message is skipped, and dropping
+        // `tx` rolls back whatever is open.
+        let outcome = sqlx::raw_sql(&sql).execute(&mut *tx).await;
+        drop(tx);
+        match outcome {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let db = e
+                    .as_database_error()
+                    .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>());
+                Err(
+                    refusal(token, db.map(|d| d.code()), db.and_then(|d| d.detail()))
+                        .unwrap_or_else(|| sqlx_error(e, true)),
+                )
+            }
+        }
     }
 }
 
 /// The token as the table stores it, after checking the name.
 fn check_admission(name: &str, token: FencingToken) -> Result<i64, CoordError> {
-    if name.is_empty() || name.len() > MAX_FENCE_NAME {
+    if name.is_empty() || name.len() > MAX_FENCE_NAME || name.contains('\0') {
         return Err(CoordError::InvalidName {
-            reason: "fence names are 1 to MAX_FENCE_NAME (256) bytes",
+            reason: "fence names are 1 to MAX_FENCE_NAME (256) bytes, without NUL",
         });
     }
     i64::try_from(token.get()).map_err(|_| CoordError::InvalidName {
         reason: "a token above i64::MAX cannot be recorded",
     })
+}
+
+/// `name` as an SQL escape string literal (`E'...'`), which reads the
+/// same whatever `standard_conforming_strings` says.
+fn literal(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    out.push_str("E'");
+    for c in name.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("''"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The error of a fenced commit or begin that failed with SQLSTATE
+/// `code` and `detail`: `Fenced` if `fence_require` refused `token`,
+/// `None` for any other failure.
+fn refusal(token: FencingToken, code: Option<&str>, detail: Option<&str>) -> Option<CoordError> {
+    if code != Some(FENCED_SQLSTATE) {
+        return None;
+    }
+    let highest: i64 = detail?.parse().ok()?;
+    Some(CoordError::Fenced(Fenced::new(
+        token,
+        FencingToken::new(highest.unsigned_abs()),
+    )))
+}
+
+/// A transaction whose commit admits a fencing token first, in the same
+/// message: opened by [`PgFence::begin`]. It dereferences to the
+/// `tokio_postgres` [`Transaction`] it wraps, so statements (and
+/// savepoints) run on it as on any transaction. Dropped without
+/// [`commit`](FencedTransaction::commit), it rolls back.
+pub struct FencedTransaction<'c> {
+    /// The open transaction: always a top-level one (begun here), so
+    /// `COMMIT` ends it.
+    tx: Transaction<'c>,
+    /// `SELECT <schema>.fence_require(<name>, <token>); COMMIT`.
+    commit: String,
+    /// The token admitted at commit.
+    token: FencingToken,
+}
+
+impl FencedTransaction<'_> {
+    /// The token this transaction's commit admits.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Admits the token and commits, in one round trip: the admission
+    /// raises the fence's token to this one, or refuses it if a higher
+    /// one was recorded, and then nothing of the transaction commits.
+    ///
+    /// # Errors
+    ///
+    /// [`CoordError::Fenced`] if a higher token was recorded (everything
+    /// rolled back: the holder has been superseded); a database error as
+    /// [`CoordError::Store`]: a serialization failure is retryable
+    /// ([`StoreError::Unavailable`]), a connection lost once the commit
+    /// was sent leaves its outcome unknown ([`StoreError::Indeterminate`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped once the commit was sent, the transaction
+    /// may have committed or not.
+    pub async fn commit(self) -> Result<(), CoordError> {
+        let Self { tx, commit, token } = self;
+        match tx.batch_execute(&commit).await {
+            Ok(()) => {
+                // `COMMIT` ended the transaction; the wrapper's only drop
+                // work is sending `ROLLBACK` (it owns nothing else: it
+                // is not a savepoint), which now has nothing to end.
+                std::mem::forget(tx);
+                Ok(())
+            }
+            // Dropping `tx` sends `ROLLBACK`, which ends the transaction
+            // if the admission aborted it.
+            Err(e) => Err(refusal(
+                token,
+                e.code().map(|c| c.code()),
+                e.as_db_error().and_then(|d| d.detail()),
+            )
+            .unwrap_or_else(|| CoordError::Store(pg_error(e, true)))),
+        }
+    }
+
+    /// Rolls the transaction back; nothing is admitted.
+    ///
+    /// # Errors
+    ///
+    /// A database error as [`CoordError::Store`] (the transaction ends
+    /// either way: a server whose session is gone rolls it back).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped, the transaction still rolls back.
+    pub async fn rollback(self) -> Result<(), CoordError> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|e| CoordError::Store(pg_error(e, false)))
+    }
+}
+
+impl std::fmt::Debug for FencedTransaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTransaction")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'c> Deref for FencedTransaction<'c> {
+    type Target = Transaction<'c>;
+
+    fn deref(&self) -> &Transaction<'c> {
+        &self.tx
+    }
+}
+
+impl<'c> DerefMut for FencedTransaction<'c> {
+    fn deref_mut(&mut self) -> &mut Transaction<'c> {
+        &mut self.tx
+    }
 }
 
 /// The outcome of an admission of `token` (`presented` as stored) after
@@ -321,10 +674,11 @@ fn admission(token: FencingToken, presented: i64, highest: i64) -> Result<(), Co
 }
 
 /// A sqlx failure inside the user's transaction, classified as the
-/// tokio-postgres ones are. Whatever it is, the transaction wrote nothing
-/// that will commit.
+/// tokio-postgres ones are; `sent` marks a commit that was sent, whose
+/// outcome a lost connection leaves unknown. Otherwise the transaction
+/// wrote nothing that will commit.
 #[cfg(feature = "sqlx")]
-fn sqlx_error(e: sqlx::Error) -> CoordError {
+fn sqlx_error(e: sqlx::Error, sent: bool) -> CoordError {
     let code = match &e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
@@ -339,5 +693,5 @@ fn sqlx_error(e: sqlx::Error) -> CoordError {
         | sqlx::Error::WorkerCrashed => true,
         _ => false,
     };
-    CoordError::Store(classify(code.as_deref(), lost, false, Box::new(e)))
+    CoordError::Store(classify(code.as_deref(), lost, sent, Box::new(e)))
 }
