@@ -49,6 +49,33 @@ pub trait Merge {
     /// Folds `other` into `self`.
     fn merge(&mut self, other: &Self);
 
+    /// Folds `other` into `self`, taking it by value: the way to merge a
+    /// state you no longer need, such as a delta just decoded. The result
+    /// is [`merge`](Merge::merge)'s; a type may move what `merge` would
+    /// copy (a [`Text`](crate::text::Text) merged into a blank replica
+    /// becomes it, with no copy).
+    ///
+    /// ```
+    /// use calm::causal::ReplicaId;
+    /// use calm::codec;
+    /// use calm::text::Text;
+    /// use calm::Merge;
+    ///
+    /// let mut a = Text::new(ReplicaId::new(1));
+    /// a.insert(0, "hello")?;
+    /// let bytes = codec::to_bytes(&a);
+    /// let mut b = Text::new(ReplicaId::new(2));
+    /// b.merge_owned(codec::from_bytes(&bytes)?);
+    /// assert_eq!(b.to_string(), "hello");
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    fn merge_owned(&mut self, other: Self)
+    where
+        Self: Sized,
+    {
+        self.merge(&other);
+    }
+
     /// Returns the merge of `self` and `other`, leaving both untouched.
     fn merged(&self, other: &Self) -> Self
     where

@@ -216,7 +216,7 @@ fn calm_merge(histories: &[Vec<u8>]) -> Text {
     let mut doc = Text::new(ReplicaId::new(u64::MAX));
     for h in histories {
         let delta: Text = codec::from_bytes(h).expect("decodes");
-        doc.merge(&delta);
+        doc.merge_owned(delta);
     }
     doc
 }

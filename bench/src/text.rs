@@ -172,7 +172,7 @@ impl Crdt for Calm {
     fn merge(history: &Vec<u8>) -> Text {
         let delta: Text = codec::from_bytes(history).expect("decodes");
         let mut doc = Text::new(ReplicaId::new(2));
-        doc.merge(&delta);
+        doc.merge_owned(delta);
         doc
     }
 }

@@ -158,6 +158,14 @@ pub fn check_delta<T: RandomOps + DeltaMerge>(cfg: &Config) -> Result<(), LawVio
                     &full,
                     &format!("x ⊔ y.delta(vv(x)) != x ⊔ y\ndelta: {delta:#?}"),
                 )?;
+                let mut owned = x.clone();
+                owned.merge_owned(delta.clone());
+                expect_eq(
+                    "merge by value",
+                    &owned,
+                    &full,
+                    "x.merge_owned(y.delta(vv(x))) != x ⊔ y",
+                )?;
                 if !leq(&delta, y) {
                     return Err((
                         "delta ≤ source",

@@ -99,6 +99,9 @@ pub(crate) enum Lookup {
     Unknown,
 }
 
+/// Local versions per slot of [`History::slots`], as a shift.
+const SLOT: u32 = 6;
+
 /// The replica table and both logs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct History {
@@ -108,6 +111,10 @@ pub(crate) struct History {
     by_id: BTreeMap<ReplicaId, u32>,
     /// Insert entries, sorted by `lv`, covering `0 .. items` without gaps.
     pub(crate) inserts: Vec<InsertEntry>,
+    /// For every 64th local version (`k << SLOT`), the index of the insert
+    /// entry holding it: [`History::entry_of`] searches only the entries
+    /// between two neighbouring slots. Append-only, like the entries.
+    slots: Vec<u32>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
     /// Jumps of `2^level` links along chains (see
@@ -169,10 +176,14 @@ impl History {
     /// Index of the insert entry holding local version `lv` (`< items`).
     pub(crate) fn entry_of(&self, lv: u32) -> usize {
         // Local typing asks about the newest entry most of the time.
-        match self.inserts.last() {
-            Some(last) if last.lv <= lv => self.inserts.len() - 1,
-            _ => self.inserts.partition_point(|e| e.lv <= lv) - 1,
+        let last = self.inserts.len() - 1;
+        if self.inserts[last].lv <= lv {
+            return last;
         }
+        let k = (lv >> SLOT) as usize;
+        let lo = self.slots[k] as usize;
+        let hi = self.slots.get(k + 1).map_or(last, |&h| h as usize);
+        lo + self.inserts[lo..=hi].partition_point(|e| e.lv <= lv) - 1
     }
 
     /// The replica and counter of the character with local version `lv`.
@@ -336,6 +347,10 @@ impl History {
             });
         }
         self.items += len;
+        let entry = self.inserts.len() as u32 - 1;
+        while ((self.slots.len() as u64) << SLOT) < u64::from(self.items) {
+            self.slots.push(entry);
+        }
         self.agents[agent as usize].known = counter + u64::from(len) - 1;
         lv
     }

@@ -578,6 +578,15 @@ impl Text {
         self.history.agents.iter().all(|a| a.known == 0) && self.pending.is_empty()
     }
 
+    /// Becomes `other` (this replica blank), keeping its own replica id.
+    fn adopt(&mut self, other: Self) {
+        let replica = self.replica;
+        *self = other;
+        self.replica = replica;
+        // A delta is all buffered ops: apply what now can be.
+        self.drain();
+    }
+
     /// Sets the replica local edits are made as (for the test harness,
     /// which edits one state as several replicas in turn).
     #[cfg(feature = "testing")]
@@ -591,11 +600,7 @@ impl Merge for Text {
     /// buffered ops), integrating them as ops in causal order.
     fn merge(&mut self, other: &Self) {
         if self.is_blank() {
-            let replica = self.replica;
-            *self = other.clone();
-            self.replica = replica;
-            // A delta is all buffered ops: apply what now can be.
-            self.drain();
+            self.adopt(other.clone());
             return;
         }
         let ops = other.ops_after(|r| self.history.known(r));
@@ -604,6 +609,16 @@ impl Merge for Text {
             self.pending.push(op, known);
         }
         self.drain();
+    }
+
+    /// [`merge`](Merge::merge), moving `other` in when this replica is
+    /// blank instead of copying it.
+    fn merge_owned(&mut self, other: Self) {
+        if self.is_blank() {
+            self.adopt(other);
+        } else {
+            self.merge(&other);
+        }
     }
 }
 

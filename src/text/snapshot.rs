@@ -120,7 +120,7 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         }
         enc.varint(e.counter - next[a]);
         next[a] = e.counter + u64::from(len);
-        let [after, after_visible, before] = guesses[i];
+        let [after, after_visible, before, _] = guesses[i];
         let left = if e.origin_left == after {
             0
         } else if e.origin_left == after_visible {
@@ -340,7 +340,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
     let guesses = layout.guesses(&firsts);
     for (e, g) in raw.iter().zip(&guesses) {
-        let [after, after_visible, before] = *g;
+        let [after, after_visible, before, _] = *g;
         let origin_left = match e.left {
             0 => after,
             1 if after_visible != after => after_visible,
@@ -358,9 +358,9 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             return Err(dec.invalid("insert entries not joined"));
         }
     }
-    drop(raw);
 
-    let mut dead: Vec<(u32, u32)> = Vec::new();
+    // Each delete entry's targets, as `start << 32 | end`.
+    let mut dead: Vec<u64> = Vec::new();
     for (a, &k) in known.iter().enumerate() {
         let count = dec.length()?;
         let mut typed = Typed::default();
@@ -387,7 +387,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             if h.agents[a].deletes.len() == joined {
                 return Err(dec.invalid("delete entries not joined"));
             }
-            dead.push((target, target + len));
+            dead.push(u64::from(target) << 32 | u64::from(target + len));
         }
     }
     let offset = dec.offset();
@@ -425,7 +425,8 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // Deleted wherever some delete entry aimed (a character can also
     // arrive deleted, in an op that carried it hidden, before the delete
     // event itself).
-    dead.sort_unstable();
+    let shift = (items / dead.len().max(1) as u32).max(1).ilog2();
+    let dead = sort_spread(dead.into_iter(), 32 + shift, (items >> shift) as usize + 1);
     let tombs = union(
         (0..runs.len())
             .map(|k| layout.run(k))
@@ -433,7 +434,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             .map(|r| (r.lv, r.end())),
     );
     let mut t = 0;
-    for (start, end) in union(dead.into_iter()) {
+    for (start, end) in union(dead.into_iter().map(|d| ((d >> 32) as u32, d as u32))) {
         while tombs.get(t).is_some_and(|&(_, e)| e <= start) {
             t += 1;
         }
@@ -458,8 +459,17 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             k += 1;
         }
         let last_pos = (layout.doc(k), last - layout.run(k).lv);
-        let left_ok = entry.origin_left == NONE || layout.pos(entry.origin_left) < first_pos;
-        let right_ok = entry.origin_right == NONE || last_pos < layout.pos(entry.origin_right);
+        // A guessed left origin lies before the entry's first character
+        // by construction; a guessed right one is the first character of
+        // the run the guess names.
+        let left_ok = raw[e].left < 2
+            || entry.origin_left == NONE
+            || layout.pos(entry.origin_left) < first_pos;
+        let right_ok = match (raw[e].right, guesses[e][3]) {
+            (0, NONE) => true,
+            (0, doc) => last_pos < (doc, 0),
+            _ => entry.origin_right == NONE || last_pos < layout.pos(entry.origin_right),
+        };
         if !left_ok || !right_ok {
             return Err(invalid("a character outside its origins"));
         }
@@ -511,14 +521,15 @@ struct Layout<'a> {
 
 impl<'a> Layout<'a> {
     fn new(runs: &'a [Run], items: u32) -> Self {
-        let mut by_lv: Vec<u64> = runs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| u64::from(r.lv) << 32 | i as u64)
-            .collect();
-        by_lv.sort_unstable();
-        let slots = by_lv.len().max(1) as u32;
+        let slots = runs.len().max(1) as u32;
         let shift = (items / slots).max(1).ilog2();
+        let by_lv = sort_spread(
+            runs.iter()
+                .enumerate()
+                .map(|(i, r)| u64::from(r.lv) << 32 | i as u64),
+            32 + shift,
+            (items >> shift) as usize + 1,
+        );
         let mut starts = Vec::with_capacity((items >> shift) as usize + 2);
         let mut k = 0;
         for slot in 0..=(items >> shift) {
@@ -579,22 +590,26 @@ impl<'a> Layout<'a> {
     /// read off the document: the nearest character before it with a
     /// lower local version ("after"), the same among visible characters
     /// ("after visible"), and the nearest after it with a lower local
-    /// version ("before"), or [`NONE`]. In a history without concurrency
+    /// version ("before"), or [`NONE`]; then the document index of the
+    /// run that "before" starts (it always starts one), or [`NONE`]. In a
+    /// history without concurrency
     /// the right origin is always "before" (the characters that were
     /// there when `x` was typed keep their order, and everything typed
     /// between since has a higher local version), and the left origin is
     /// "after" unless text deleted before `x` was typed sits in between,
     /// when it is mostly "after visible". Two sweeps over the runs with a
     /// stack of the runs that can still be an answer.
-    fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 3]> {
+    fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 4]> {
         let runs = self.runs;
-        let mut queries: Vec<u64> = firsts
-            .iter()
-            .enumerate()
-            .map(|(q, &x)| u64::from(self.pos(x).0) << 32 | q as u64)
-            .collect();
-        queries.sort_unstable();
-        let mut out = vec![[NONE; 3]; firsts.len()];
+        let queries = sort_spread(
+            firsts
+                .iter()
+                .enumerate()
+                .map(|(q, &x)| u64::from(self.pos(x).0) << 32 | q as u64),
+            32,
+            runs.len(),
+        );
+        let mut out = vec![[NONE; 4]; firsts.len()];
         // The stacks hold runs (first local version, document index)
         // whose first local versions grow towards the top: a run hides
         // every run further away whose first local version is not lower.
@@ -611,7 +626,7 @@ impl<'a> Layout<'a> {
                 Some(&(lv, _)) if lv < x => stack.len(),
                 _ => stack.partition_point(|&(lv, _)| lv < x),
             };
-            (i > 0).then(|| runs[stack[i - 1].1 as usize])
+            (i > 0).then(|| stack[i - 1].1)
         };
         let (mut all, mut shown) = (Vec::new(), Vec::new());
         let mut q = 0;
@@ -619,7 +634,7 @@ impl<'a> Layout<'a> {
             while queries.get(q).is_some_and(|&x| (x >> 32) as usize == d) {
                 let i = queries[q] as u32 as usize;
                 let x = firsts[i];
-                let left = |run: Option<Run>| run.map_or(NONE, |s| s.end().min(x) - 1);
+                let left = |d: Option<u32>| d.map_or(NONE, |d| runs[d as usize].end().min(x) - 1);
                 out[i][0] = if x > r.lv {
                     x - 1
                 } else {
@@ -642,12 +657,43 @@ impl<'a> Layout<'a> {
             while q > 0 && (queries[q - 1] >> 32) as usize == d {
                 q -= 1;
                 let i = queries[q] as u32 as usize;
-                out[i][2] = nearest(&all, firsts[i]).map_or(NONE, |s| s.lv);
+                if let Some(d) = nearest(&all, firsts[i]) {
+                    out[i][2] = runs[d as usize].lv;
+                    out[i][3] = d;
+                }
             }
             push(&mut all, d);
         }
         out
     }
+}
+
+/// `keys` sorted, in time linear in their number and `buckets` when they
+/// spread evenly: counted into buckets by `key >> shift` (each below
+/// `buckets`), then each bucket sorted on its own.
+fn sort_spread(keys: impl Iterator<Item = u64>, shift: u32, buckets: usize) -> Vec<u64> {
+    let keys: Vec<u64> = keys.collect();
+    let mut ends = vec![0u32; buckets + 1];
+    for &k in &keys {
+        ends[(k >> shift) as usize + 1] += 1;
+    }
+    for b in 1..=buckets {
+        ends[b] += ends[b - 1];
+    }
+    let mut out = vec![0u64; keys.len()];
+    let mut fill = ends.clone();
+    for k in keys {
+        let b = (k >> shift) as usize;
+        out[fill[b] as usize] = k;
+        fill[b] += 1;
+    }
+    for b in 0..buckets {
+        let bucket = &mut out[ends[b] as usize..ends[b + 1] as usize];
+        if bucket.len() > 1 {
+            bucket.sort_unstable();
+        }
+    }
+    out
 }
 
 /// The union of sorted ranges, as sorted disjoint ranges with gaps
