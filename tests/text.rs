@@ -295,21 +295,34 @@ fn many_edits_match_a_model() {
         (s % n as u64) as usize
     };
     let alphabet: Vec<char> = "abcdefgh é日😀\u{301}".chars().collect();
+    // Half the edits land near the previous one, as typing does (leaves
+    // count bytes from where the last edit was).
+    let mut cursor = 0usize;
     for step in 0..6000 {
+        let near = |len: usize, rand: &mut dyn FnMut(usize) -> usize| {
+            if rand(2) == 0 {
+                (cursor + rand(7)).saturating_sub(3).min(len)
+            } else {
+                rand(len + 1)
+            }
+        };
         if model.is_empty() || rand(10) < 7 {
-            let at = rand(model.len() + 1);
+            let at = near(model.len(), &mut rand);
+            cursor = at;
             let text: String = (0..1 + rand(12))
                 .map(|_| alphabet[rand(alphabet.len())])
                 .collect();
             model.splice(at..at, text.chars());
             doc.insert(at, &text).unwrap();
+            cursor += text.chars().count();
         } else {
-            let at = rand(model.len());
+            let at = near(model.len() - 1, &mut rand);
+            cursor = at;
             let end = (at + 1 + rand(20)).min(model.len());
             model.drain(at..end);
             doc.delete(at..end).unwrap();
         }
-        if step % 500 == 0 {
+        if step % 100 == 0 {
             doc.assert_invariants();
             assert_eq!(doc.to_string(), model.iter().collect::<String>());
         }

@@ -5,6 +5,7 @@
 //!
 //! See the module docs of `tree.rs` for the shape these functions keep.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use super::NONE;
@@ -207,6 +208,7 @@ impl Tree {
         let runs: Vec<Run> = leaf.runs.drain(mid..).collect();
         leaf.runs.shrink_to(MAX_RUNS / 2 + 8);
         let text = leaf.text.split_off(byte);
+        leaf.mark.set((chars, byte));
         leaf.text.shrink_to(leaf.text.len() + 64);
         let right = Leaf {
             chars: char_len(&text),
@@ -217,6 +219,7 @@ impl Tree {
             slot: 0,
             prev: leaf_id,
             next: leaf.next,
+            mark: Cell::default(),
         };
         leaf.chars -= right.chars;
         leaf.utf16 -= right.utf16;
@@ -342,6 +345,15 @@ impl Tree {
             assert_eq!(vis, leaf.chars, "leaf chars");
             assert_eq!(char_len(&leaf.text), leaf.chars, "leaf text");
             assert_eq!(utf16_len(&leaf.text), leaf.utf16, "leaf utf16");
+            let (mc, mb) = leaf.mark.get();
+            assert_eq!(
+                leaf.text
+                    .char_indices()
+                    .nth(mc)
+                    .map_or(leaf.text.len(), |(b, _)| b),
+                mb,
+                "leaf mark"
+            );
             assert!(leaf.runs.len() <= MAX_RUNS, "leaf runs");
             assert!(
                 leaf.runs.windows(2).all(|w| !w[0].joins(w[1])),

@@ -4,7 +4,7 @@
 use super::document::Text;
 use super::error::TextError;
 use super::history::{DeleteEntry, Lookup};
-use super::leaf::{Run, char_len};
+use super::leaf::{Run, byte_at, char_len};
 use super::op::{Content, Insertion, OpKind, TextOp, push_targets};
 use super::pending::unseen;
 use super::tree::Pos;
@@ -312,10 +312,7 @@ impl Text {
             let content = if deleted {
                 ""
             } else {
-                let bytes = text
-                    .char_indices()
-                    .nth(n as usize)
-                    .map_or(text.len(), |(b, _)| b);
+                let bytes = byte_at(text, n as usize);
                 let (head, tail) = text.split_at(bytes);
                 text = tail;
                 head

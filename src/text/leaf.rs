@@ -16,6 +16,8 @@
 //!   chars: 11, utf16: 11
 //! ```
 
+use std::cell::Cell;
+
 use super::NONE;
 
 /// Most runs a leaf holds before it is split in two.
@@ -136,6 +138,11 @@ pub(crate) struct Leaf {
     pub(crate) prev: u32,
     /// The next leaf in document order, or [`NONE`].
     pub(crate) next: u32,
+    /// A character offset in `text` and its byte offset, where the last
+    /// lookup or edit was: edits cluster, so [`Leaf::byte_of`] counts
+    /// from here when it is nearer than an end. Whatever changes `text`
+    /// before it must move it (or reset it to the start).
+    pub(crate) mark: Cell<(usize, usize)>,
 }
 
 impl Leaf {
@@ -153,16 +160,28 @@ impl Leaf {
     /// The byte offset of the `chars`-th visible character of this leaf.
     ///
     /// ASCII-only leaves (the common case: bytes == chars) answer in O(1);
-    /// others walk the leaf's text, which is at most [`MAX_BYTES`] long.
+    /// others count characters eight bytes at a time from the nearest of
+    /// the leaf's ends and its mark (where the last edit was, so typing
+    /// on counts a few bytes), and move the mark here.
     pub(crate) fn byte_of(&self, chars: usize) -> usize {
         if self.text.len() == self.chars {
-            chars
-        } else {
-            self.text
-                .char_indices()
-                .nth(chars)
-                .map_or(self.text.len(), |(b, _)| b)
+            return chars;
         }
+        // Count from the nearest of the start, the mark and the end.
+        let (mc, mb) = self.mark.get();
+        let byte = if chars >= mc {
+            if chars - mc <= self.chars - chars {
+                mb + byte_at(&self.text[mb..], chars - mc)
+            } else {
+                byte_from_end(&self.text, self.chars - chars)
+            }
+        } else if chars <= mc - chars {
+            byte_at(&self.text, chars)
+        } else {
+            byte_from_end(&self.text[..mb], mc - chars)
+        };
+        self.mark.set((chars, byte));
+        byte
     }
 
     /// Whether the leaf must be split.
@@ -179,6 +198,81 @@ pub(crate) fn utf16_len(s: &str) -> usize {
         return s.len();
     }
     char_len(s) + s.bytes().filter(|&b| b >= 0xF0).count()
+}
+
+/// How many bytes of `word` start a character (are not `10xxxxxx`).
+fn starts_in(word: u64) -> u32 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // A continuation byte has its top bit set and the next one clear.
+    let continuation = word & !(word << 1) & HIGH;
+    8 - continuation.count_ones()
+}
+
+/// The byte offset of character `chars` of `s` (`s.len()` if `s` has no
+/// more), counting eight bytes at a time.
+pub(crate) fn byte_at(s: &str, chars: usize) -> usize {
+    let bytes = s.as_bytes();
+    let (mut at, mut left) = (0, chars);
+    while at + 8 <= bytes.len() {
+        let word = u64::from_le_bytes([
+            bytes[at],
+            bytes[at + 1],
+            bytes[at + 2],
+            bytes[at + 3],
+            bytes[at + 4],
+            bytes[at + 5],
+            bytes[at + 6],
+            bytes[at + 7],
+        ]);
+        let n = starts_in(word) as usize;
+        if n > left {
+            break;
+        }
+        left -= n;
+        at += 8;
+    }
+    while at < bytes.len() {
+        if bytes[at] & 0xC0 != 0x80 {
+            if left == 0 {
+                return at;
+            }
+            left -= 1;
+        }
+        at += 1;
+    }
+    bytes.len()
+}
+
+/// The byte offset where the last `chars` characters of `s` start (0 if
+/// `s` has no more), counting eight bytes at a time from the end.
+fn byte_from_end(s: &str, chars: usize) -> usize {
+    let bytes = s.as_bytes();
+    let (mut end, mut left) = (bytes.len(), chars);
+    while end >= 8 {
+        let word = u64::from_le_bytes([
+            bytes[end - 8],
+            bytes[end - 7],
+            bytes[end - 6],
+            bytes[end - 5],
+            bytes[end - 4],
+            bytes[end - 3],
+            bytes[end - 2],
+            bytes[end - 1],
+        ]);
+        let n = starts_in(word) as usize;
+        if n >= left {
+            break;
+        }
+        left -= n;
+        end -= 8;
+    }
+    while end > 0 && left > 0 {
+        end -= 1;
+        if bytes[end] & 0xC0 != 0x80 {
+            left -= 1;
+        }
+    }
+    if left > 0 { 0 } else { end }
 }
 
 /// Number of `char`s in `s` (bytes that do not continue a sequence).
@@ -202,6 +296,35 @@ mod tests {
         assert_eq!((a.lv, a.len(), b.lv, b.len()), (7, 2, 9, 3));
         assert!(a.joins(b));
         assert!(!a.joins(Run::new(9, 1, true)));
+    }
+
+    /// Byte offsets of characters, counted from either end, agree with
+    /// `char_indices` at every position, across word boundaries.
+    #[test]
+    fn byte_offsets() {
+        let long = "aé日😀".repeat(9) + "xyz" + &"ü".repeat(17);
+        for s in [
+            "",
+            "a",
+            "abc",
+            "héllo wörld",
+            "日本語のテキスト",
+            "a😀b",
+            long.as_str(),
+        ] {
+            let starts: Vec<usize> = s.char_indices().map(|(b, _)| b).collect();
+            let n = starts.len();
+            for c in 0..=n + 2 {
+                let want = starts.get(c).copied().unwrap_or(s.len());
+                assert_eq!(byte_at(s, c), want, "{s:?} at {c}");
+                let from_end = if c > n {
+                    0
+                } else {
+                    starts.get(n - c).copied().unwrap_or(s.len())
+                };
+                assert_eq!(byte_from_end(s, c), from_end, "{s:?} last {c}");
+            }
+        }
     }
 
     /// UTF-16 and char lengths count surrogate pairs and multi-byte text.

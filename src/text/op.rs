@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::MAX_ITEMS;
 use super::history::History;
-use super::leaf::char_len;
+use super::leaf::{byte_at, char_len};
 use crate::causal::{Dot, ReplicaId};
 
 /// One edit, as shipped between replicas: an insertion of characters or a
@@ -252,12 +252,7 @@ impl TextOp {
                         .sum()
                 };
                 let (c0, c1) = (from - hidden_before(from), to - hidden_before(to));
-                let byte = |c: u32| {
-                    ins.text
-                        .char_indices()
-                        .nth(c as usize)
-                        .map_or(ins.text.len(), |(b, _)| b)
-                };
+                let byte = |c: u32| byte_at(&ins.text, c as usize);
                 let hidden = ins
                     .hidden
                     .iter()

@@ -61,7 +61,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use super::NONE;
-use super::leaf::{Leaf, Run, utf16_len};
+use super::leaf::{Leaf, Run, byte_at, utf16_len};
 
 /// Most children of an internal node (one more is allowed for an instant,
 /// before the node splits).
@@ -571,6 +571,8 @@ impl Tree {
         if !text.is_empty() {
             let byte = leaf.byte_of(pos.chars);
             leaf.text.insert_str(byte, text);
+            leaf.mark
+                .set((pos.chars + run.len() as usize, byte + text.len()));
             leaf.chars += run.len() as usize;
             leaf.utf16 += utf16_len(text);
         }
@@ -700,14 +702,12 @@ impl Tree {
         let b1 = if leaf.text.len() == leaf.chars {
             b0 + n
         } else {
-            b0 + leaf.text[b0..]
-                .char_indices()
-                .nth(n)
-                .map_or(leaf.text.len() - b0, |(b, _)| b)
+            b0 + byte_at(&leaf.text[b0..], n)
         };
         leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
         leaf.chars -= n;
         leaf.text.drain(b0..b1);
+        leaf.mark.set((chars, b0));
         if leaf.text.capacity() > 2 * leaf.text.len() + 256 {
             // Deleting mostly empties leaves of a document that once held
             // far more text: give the memory back.
