@@ -10,8 +10,9 @@
 //!   metadata, which is the limit);
 //! - **merge**: a replica with nothing catches up with the replayed
 //!   replica's whole history, received as that library's update bytes
-//!   (calm: a delta against an empty version vector; cola: its in-memory
-//!   insertion and deletion ops, which carry no text);
+//!   (calm: a delta against an empty version vector, decoded and merged
+//!   by value with `merge_owned`; cola: its in-memory insertion and
+//!   deletion ops, which carry no text);
 //! - **encode**, **load** and **encoded size** of the whole document;
 //! - **peak heap** during the replay and **kept heap** after it, from a
 //!   counting global allocator.
