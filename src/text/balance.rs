@@ -208,7 +208,7 @@ impl Tree {
         let runs: Vec<Run> = leaf.runs.drain(mid..).collect();
         leaf.runs.shrink_to(MAX_RUNS / 2 + 8);
         let text = leaf.text.split_off(byte);
-        leaf.mark.set((chars, byte));
+        leaf.mark.set((chars as u32, byte as u32));
         leaf.text.shrink_to(leaf.text.len() + 64);
         let right = Leaf {
             chars: char_len(&text),
@@ -346,6 +346,7 @@ impl Tree {
             assert_eq!(char_len(&leaf.text), leaf.chars, "leaf text");
             assert_eq!(utf16_len(&leaf.text), leaf.utf16, "leaf utf16");
             let (mc, mb) = leaf.mark.get();
+            let (mc, mb) = (mc as usize, mb as usize);
             assert_eq!(
                 leaf.text
                     .char_indices()

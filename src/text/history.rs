@@ -100,7 +100,7 @@ pub(crate) enum Lookup {
 }
 
 /// Local versions per slot of [`History::slots`], as a shift.
-const SLOT: u32 = 6;
+const SLOT: u32 = 8;
 
 /// The replica table and both logs.
 #[derive(Clone, Debug, Default)]
@@ -111,7 +111,7 @@ pub(crate) struct History {
     by_id: BTreeMap<ReplicaId, u32>,
     /// Insert entries, sorted by `lv`, covering `0 .. items` without gaps.
     pub(crate) inserts: Vec<InsertEntry>,
-    /// For every 64th local version (`k << SLOT`), the index of the insert
+    /// For every 256th local version (`k << SLOT`), the index of the insert
     /// entry holding it: [`History::entry_of`] searches only the entries
     /// between two neighbouring slots. Append-only, like the entries.
     slots: Vec<u32>,

@@ -142,7 +142,7 @@ pub(crate) struct Leaf {
     /// lookup or edit was: edits cluster, so [`Leaf::byte_of`] counts
     /// from here when it is nearer than an end. Whatever changes `text`
     /// before it must move it (or reset it to the start).
-    pub(crate) mark: Cell<(usize, usize)>,
+    pub(crate) mark: Cell<(u32, u32)>,
 }
 
 impl Leaf {
@@ -169,6 +169,7 @@ impl Leaf {
         }
         // Count from the nearest of the start, the mark and the end.
         let (mc, mb) = self.mark.get();
+        let (mc, mb) = (mc as usize, mb as usize);
         let byte = if chars >= mc {
             if chars - mc <= self.chars - chars {
                 mb + byte_at(&self.text[mb..], chars - mc)
@@ -180,7 +181,7 @@ impl Leaf {
         } else {
             byte_from_end(&self.text[..mb], mc - chars)
         };
-        self.mark.set((chars, byte));
+        self.mark.set((chars as u32, byte as u32));
         byte
     }
 

@@ -571,8 +571,10 @@ impl Tree {
         if !text.is_empty() {
             let byte = leaf.byte_of(pos.chars);
             leaf.text.insert_str(byte, text);
-            leaf.mark
-                .set((pos.chars + run.len() as usize, byte + text.len()));
+            leaf.mark.set((
+                (pos.chars + run.len() as usize) as u32,
+                (byte + text.len()) as u32,
+            ));
             leaf.chars += run.len() as usize;
             leaf.utf16 += utf16_len(text);
         }
@@ -707,7 +709,7 @@ impl Tree {
         leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
         leaf.chars -= n;
         leaf.text.drain(b0..b1);
-        leaf.mark.set((chars, b0));
+        leaf.mark.set((chars as u32, b0 as u32));
         if leaf.text.capacity() > 2 * leaf.text.len() + 256 {
             // Deleting mostly empties leaves of a document that once held
             // far more text: give the memory back.
