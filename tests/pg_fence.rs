@@ -46,6 +46,17 @@ async fn setup(c: &Client, fence: &PgFence) {
     .expect("user tables");
 }
 
+/// A started server (alive as long as the caller keeps it), the fence,
+/// and two clients, with the tables set up.
+async fn two_writers() -> Option<(PostgresServer, PgFence, Client, Client)> {
+    let server = skip_or_fail(PostgresServer::start())?;
+    let fence = PgFence::new("calm_fence").unwrap();
+    let a = client(server.url()).await;
+    let b = client(server.url()).await;
+    setup(&a, &fence).await;
+    Some((server, fence, a, b))
+}
+
 /// A transaction of `c` at `level`.
 async fn begin(c: &mut Client, level: IsolationLevel) -> Transaction<'_> {
     c.build_transaction()
@@ -71,12 +82,9 @@ async fn balance(c: &Client) -> i64 {
 /// its update never lands. Bad names and tokens are refused up front.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_token_is_refused_and_its_writes_roll_back() {
-    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+    let Some((_server, fence, mut c, _)) = two_writers().await else {
         return;
     };
-    let fence = PgFence::new("calm_fence").unwrap();
-    let mut c = client(server.url()).await;
-    setup(&c, &fence).await;
 
     let tx = c.transaction().await.unwrap();
     fence.admit(&tx, "accounts", t(34)).await.unwrap();
@@ -130,12 +138,9 @@ async fn a_stale_token_is_refused_and_its_writes_roll_back() {
 /// are refused before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_token_is_refused_at_commit_and_its_writes_roll_back() {
-    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+    let Some((_server, fence, mut c, _)) = two_writers().await else {
         return;
     };
-    let fence = PgFence::new("calm_fence").unwrap();
-    let mut c = client(server.url()).await;
-    setup(&c, &fence).await;
 
     let tx = fence.begin(&mut c, "accounts", t(34)).await.unwrap();
     assert_eq!(tx.token(), t(34));
@@ -239,13 +244,9 @@ async fn recorded_token(c: &Client, name: &str) -> Option<i64> {
 /// and the higher one after it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_commits_follow_token_order_at_every_isolation_level() {
-    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+    let Some((_server, fence, mut a, mut b)) = two_writers().await else {
         return;
     };
-    let fence = PgFence::new("calm_fence").unwrap();
-    let mut a = client(server.url()).await;
-    let mut b = client(server.url()).await;
-    setup(&a, &fence).await;
     let mut next = 10;
     for level in LEVELS {
         let name = format!("at-commit-{level:?}");
@@ -299,13 +300,9 @@ async fn fenced_commits_follow_token_order_at_every_isolation_level() {
 /// snapshot isolation) a retryable serialization failure, never admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_follow_token_order_at_every_isolation_level() {
-    let Some(server) = skip_or_fail(PostgresServer::start()) else {
+    let Some((_server, fence, mut a, mut b)) = two_writers().await else {
         return;
     };
-    let fence = PgFence::new("calm_fence").unwrap();
-    let mut a = client(server.url()).await;
-    let mut b = client(server.url()).await;
-    setup(&a, &fence).await;
     let mut next = 10u64;
     for level in LEVELS {
         let name = format!("{level:?}");
@@ -655,19 +652,9 @@ async fn sqlx_transactions_are_fenced_alike() {
     old.rollback().await.unwrap();
 
     // Admitted at commit, in one message.
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("UPDATE accounts SET balance = 70 WHERE id = 1")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    fence.commit_sqlx(tx, "accounts", t(50)).await.unwrap();
+    set_balance_sqlx(&pool, &fence, 70, t(50)).await.unwrap();
     assert_eq!(balance(&c).await, 70);
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query("UPDATE accounts SET balance = 0 WHERE id = 1")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    match fence.commit_sqlx(tx, "accounts", t(49)).await {
+    match set_balance_sqlx(&pool, &fence, 0, t(49)).await {
         Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(49), t(50))),
         other => panic!("expected Fenced, got {other:?}"),
     }
@@ -708,6 +695,24 @@ async fn sqlx_transactions_are_fenced_alike() {
         .unwrap();
     fence.commit_sqlx(tx, "accounts", t(50)).await.unwrap();
     assert_eq!(balance(&c).await, 80);
+}
+
+/// Sets the account's balance in a sqlx transaction whose commit admits
+/// `token`.
+#[cfg(feature = "sqlx")]
+async fn set_balance_sqlx(
+    pool: &sqlx::PgPool,
+    fence: &PgFence,
+    balance: i64,
+    token: FencingToken,
+) -> Result<(), CoordError> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = $1 WHERE id = 1")
+        .bind(balance)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    fence.commit_sqlx(tx, "accounts", token).await
 }
 
 /// The seed scenario with the stale holder a separate OS process: it
