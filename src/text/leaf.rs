@@ -209,23 +209,21 @@ fn starts_in(word: u64) -> u32 {
     8 - continuation.count_ones()
 }
 
+/// The eight bytes of `bytes` from `at` (`at + 8 <= bytes.len()`), as one
+/// little-endian word.
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
 /// The byte offset of character `chars` of `s` (`s.len()` if `s` has no
 /// more), counting eight bytes at a time.
 pub(crate) fn byte_at(s: &str, chars: usize) -> usize {
     let bytes = s.as_bytes();
     let (mut at, mut left) = (0, chars);
     while at + 8 <= bytes.len() {
-        let word = u64::from_le_bytes([
-            bytes[at],
-            bytes[at + 1],
-            bytes[at + 2],
-            bytes[at + 3],
-            bytes[at + 4],
-            bytes[at + 5],
-            bytes[at + 6],
-            bytes[at + 7],
-        ]);
-        let n = starts_in(word) as usize;
+        let n = starts_in(word_at(bytes, at)) as usize;
         if n > left {
             break;
         }
@@ -250,17 +248,7 @@ fn byte_from_end(s: &str, chars: usize) -> usize {
     let bytes = s.as_bytes();
     let (mut end, mut left) = (bytes.len(), chars);
     while end >= 8 {
-        let word = u64::from_le_bytes([
-            bytes[end - 8],
-            bytes[end - 7],
-            bytes[end - 6],
-            bytes[end - 5],
-            bytes[end - 4],
-            bytes[end - 3],
-            bytes[end - 2],
-            bytes[end - 1],
-        ]);
-        let n = starts_in(word) as usize;
+        let n = starts_in(word_at(bytes, end - 8)) as usize;
         if n >= left {
             break;
         }

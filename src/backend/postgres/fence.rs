@@ -191,6 +191,13 @@ impl PgFence {
         &self.migration
     }
 
+    /// The statement that admits `presented` (checked) for fence `name`
+    /// or aborts the transaction, with both as literals: it goes in one
+    /// simple-query message with `BEGIN` or `COMMIT`.
+    fn require(&self, name: &str, presented: i64) -> String {
+        format!("{}{}, {presented})", self.require, literal(name))
+    }
+
     /// Runs [`migration`](PgFence::migration) on `client`.
     ///
     /// # Errors
@@ -381,7 +388,7 @@ impl PgFence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'c>, CoordError> {
         let presented = check_admission(name, token)?;
-        let commit = format!("{}{}, {presented}); COMMIT", self.require, literal(name));
+        let commit = format!("{}; COMMIT", self.require(name, presented));
         let tx = builder
             .start()
             .await
@@ -496,11 +503,7 @@ impl PgFence {
                 reason: "a fenced commit ends a whole transaction, not a savepoint",
             });
         }
-        let sql = format!(
-            "{}{}, {presented}); COMMIT; BEGIN",
-            self.require,
-            literal(name)
-        );
+        let sql = format!("{}; COMMIT; BEGIN", self.require(name, presented));
         // On failure the rest of the message is skipped, and dropping
         // `tx` rolls back whatever is open.
         let outcome = sqlx::raw_sql(&sql).execute(&mut *tx).await;
