@@ -371,9 +371,78 @@ async fn commits_follow_token_order_at_every_isolation_level() {
     }
 }
 
-/// Many writers with random tokens, isolation levels and pauses race on
-/// one fence through real transactions, admitting first
-/// (`PgFence::admit`) or at commit (`PgFence::begin`). The history they
+/// Under READ COMMITTED, transactions presenting the recorded token share
+/// the fence: both are admitted while the other is open. A raise waits
+/// for every one of them to end, and the token they hold is refused
+/// from then on, also in a transaction that was already waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_of_the_recorded_token_share_the_fence_and_a_raise_waits_for_them() {
+    let Some((server, fence, mut a, mut b)) = two_writers().await else {
+        return;
+    };
+    let mut c = client(server.url()).await;
+    let level = IsolationLevel::ReadCommitted;
+    let tx = begin(&mut a, level).await;
+    fence.admit(&tx, "shared", t(5)).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let ta = begin(&mut a, level).await;
+    fence.admit(&ta, "shared", t(5)).await.unwrap();
+    let tb = begin(&mut b, level).await;
+    tokio::time::timeout(Duration::from_secs(5), fence.admit(&tb, "shared", t(5)))
+        .await
+        .expect("a second holder of the recorded token is admitted at once")
+        .unwrap();
+    let (fence_c, raised) = (
+        fence.clone(),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let raised_c = Arc::clone(&raised);
+    let raise = tokio::spawn(async move {
+        let tc = begin(&mut c, level).await;
+        fence_c.admit(&tc, "shared", t(6)).await.unwrap();
+        raised_c.store(true, std::sync::atomic::Ordering::SeqCst);
+        tc.commit().await.unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !raised.load(std::sync::atomic::Ordering::SeqCst),
+        "raised past two open holders"
+    );
+    ta.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !raised.load(std::sync::atomic::Ordering::SeqCst),
+        "raised past an open holder"
+    );
+    // A holder arriving while the raise waits queues behind it and is
+    // refused once it commits.
+    let late = tokio::spawn({
+        let fence = fence.clone();
+        async move {
+            let ta = begin(&mut a, level).await;
+            let admitted = fence.admit(&ta, "shared", t(5)).await;
+            ta.rollback().await.unwrap();
+            admitted
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tb.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), raise)
+        .await
+        .expect("the raise goes on once the holders ended")
+        .unwrap();
+    match late.await.unwrap() {
+        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(5), t(6))),
+        other => panic!("the old token after a raise got {other:?}"),
+    }
+    assert_eq!(recorded_token(&b, "shared").await, Some(6));
+}
+
+/// Many writers, each holding a random token for a few transactions, with
+/// random isolation levels and pauses, race on one fence through real
+/// transactions, admitting first (`PgFence::admit`) or at commit
+/// (`PgFence::begin`). The history they
 /// append in the same transactions (its ids follow commit order: every
 /// writer holds the account's row lock from its first write to its
 /// commit) never goes down in token, an admitted-first write saw an
@@ -402,8 +471,13 @@ async fn race(at_commit: bool) {
                 seed
             };
             let mut committed = 0u32;
+            let mut token = t(1);
             for _ in 0..rounds {
-                let token = t(1 + next() % 60);
+                // A holder keeps its token for a few transactions, so
+                // many present the recorded token (the shared path).
+                if next() % 3 == 0 {
+                    token = t(1 + next() % 60);
+                }
                 let level = LEVELS[(next() % 3) as usize];
                 let pause = (next() % 2 == 0).then(|| Duration::from_millis(next() % 15));
                 let stored = i64::try_from(token.get()).unwrap();

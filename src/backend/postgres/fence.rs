@@ -26,7 +26,7 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// - [`begin`](PgFence::begin) opens a [`FencedTransaction`] whose
 ///   [`commit`](FencedTransaction::commit) sends the admission with
 ///   `COMMIT` in one message: a fenced transaction makes the round trips
-///   of an unfenced one, and the fence row is locked only while the
+///   of an unfenced one, and the fence is locked only while the
 ///   transaction commits. The token is checked when your writes land,
 ///   as a storage service checking each write's token would
 ///   ([`commit_sqlx`](PgFence::commit_sqlx) for sqlx).
@@ -42,27 +42,38 @@ pub const MAX_FENCE_NAME: usize = 256;
 ///
 /// # Why a stale holder can never commit after a newer one
 ///
-/// Admission writes the fence's row, so it holds that row's lock until
-/// the transaction ends; two transactions admitting on one name are
-/// therefore serialised on it (an admission at commit holds it only
-/// while committing).
+/// Every admission on a name takes that name's advisory lock
+/// (`pg_advisory_xact_lock(FENCE_LOCK_CLASS, hashtext(name))`), held until
+/// its transaction ends: *exclusive* to raise the recorded token (then it
+/// writes the fence's row), *shared* to present the recorded token again
+/// under READ COMMITTED (no row is written, so a holder's transactions on
+/// one name run side by side and cost a lookup and a lock in memory). A
+/// token below the recorded one is refused without waiting: tokens only
+/// grow.
 ///
-/// - READ COMMITTED: a later admission waits for an open one to end, then
-///   re-checks the row as committed. A lower token that arrives second is
-///   refused; a higher token that arrives second waits, so the lower
-///   token's transaction commits first. Either way commits are in token
-///   order.
-/// - REPEATABLE READ and SERIALIZABLE: an admission that finds the row
-///   changed since its snapshot fails with a serialization error
-///   ([`StoreError::Unavailable`], retryable: nothing was written); run
-///   the transaction again and it is admitted or refused on the current
-///   row. The ordering argument is otherwise the same.
+/// - READ COMMITTED: a raise waits for every open admission on the name
+///   to end, and an admission waits for an open raise to end, then reads
+///   the row again with a fresh snapshot. A lower token that arrives
+///   second is refused; a higher token that arrives second waits, so the
+///   lower token's transaction commits first. Either way commits are in
+///   token order.
+/// - REPEATABLE READ and SERIALIZABLE: a snapshot may predate a raise, so
+///   every admission takes the lock exclusive and writes the row (as a
+///   raise does); one that finds the row changed since its snapshot fails
+///   with a serialization error ([`StoreError::Unavailable`], retryable:
+///   nothing was written); run the transaction again and it is admitted
+///   or refused on the current row. The ordering argument is otherwise
+///   the same.
+///
+/// An application that takes advisory locks of its own with the two-key
+/// form and [`FENCE_LOCK_CLASS`] as the first key shares them with the
+/// fences (a collision costs waiting, never a wrong answer).
 ///
 /// Admit before acting on what you read: under READ COMMITTED, rows read
 /// before the admission may predate a newer holder's commit.
 ///
 /// A holder frozen *inside* its transaction (a GC pause after `admit`)
-/// keeps the fence row locked, so its successor's admission waits for
+/// keeps the fence locked, so its successor's admission waits for
 /// that transaction to end. Set `idle_in_transaction_session_timeout` on
 /// the sessions that admit (a few seconds, say): the server then ends a
 /// frozen session and rolls its writes back, and the successor goes on.
@@ -85,9 +96,11 @@ pub const MAX_FENCE_NAME: usize = 256;
 /// CREATE TABLE IF NOT EXISTS calm.fences (
 ///     name text PRIMARY KEY,
 ///     token bigint NOT NULL CHECK (token >= 0));
-/// -- fence_admit(n, t): one upsert that raises fence n to t unless a
-/// -- higher token is recorded (ON CONFLICT ... WHERE f.token <= t), then
-/// -- returns the fence's token.
+/// -- fence_admit(n, t): refuses t below the recorded token; takes the
+/// -- advisory lock (FENCE_LOCK_CLASS, hashtext(n)) shared for t equal to
+/// -- it under READ COMMITTED, else exclusive with one upsert raising
+/// -- fence n to t (ON CONFLICT ... WHERE f.token <= t); returns the
+/// -- fence's token.
 /// CREATE OR REPLACE FUNCTION calm.fence_admit(n text, t bigint) RETURNS bigint ...
 /// -- fence_require(n, t): fence_admit, raising SQLSTATE CF001 (the
 /// -- recorded token as its detail) if t is refused; sent before COMMIT.
@@ -134,6 +147,11 @@ pub struct PgFence {
 /// The SQLSTATE `fence_require` raises when it refuses a token.
 const FENCED_SQLSTATE: &str = "CF001";
 
+/// The first key of the fences' advisory locks (`pg_advisory_xact_lock(
+/// class, hashtext(name))`; "calm" in ASCII). The two-key form never
+/// meets a lock taken with one `bigint` key.
+pub const FENCE_LOCK_CLASS: i32 = 0x6361_6c6d;
+
 impl PgFence {
     /// A fence table in `schema` (1-40 ASCII letters, digits or `_`).
     ///
@@ -151,12 +169,27 @@ impl PgFence {
                      name text PRIMARY KEY,\n    \
                      token bigint NOT NULL CHECK (token >= 0));\n\
                  -- Raises fence n to token t unless a higher one is recorded;\n\
-                 -- returns the fence's token after it (t when admitted).\n\
+                 -- returns the fence's token after it (t when admitted). A token\n\
+                 -- equal to the recorded one takes the fence's advisory lock\n\
+                 -- shared under READ COMMITTED (no row written: its holders run\n\
+                 -- side by side); raising takes it exclusive, then the row.\n\
                  CREATE OR REPLACE FUNCTION {s}.fence_admit(n text, t bigint)\n\
                  RETURNS bigint LANGUAGE plpgsql AS $$\n\
                  DECLARE\n    \
                      highest bigint;\n\
                  BEGIN\n    \
+                     SELECT f.token INTO highest FROM {s}.fences f WHERE f.name = n;\n    \
+                     IF highest > t THEN\n        \
+                         RETURN highest;\n    \
+                     END IF;\n    \
+                     IF highest = t AND current_setting('transaction_isolation') = 'read committed' THEN\n        \
+                         PERFORM pg_advisory_xact_lock_shared({FENCE_LOCK_CLASS}, hashtext(n));\n        \
+                         SELECT f.token INTO highest FROM {s}.fences f WHERE f.name = n;\n        \
+                         IF highest >= t THEN\n            \
+                             RETURN highest;\n        \
+                         END IF;\n    \
+                     END IF;\n    \
+                     PERFORM pg_advisory_xact_lock({FENCE_LOCK_CLASS}, hashtext(n));\n    \
                      INSERT INTO {s}.fences AS f (name, token) VALUES (n, t)\n    \
                      ON CONFLICT (name) DO UPDATE SET token = excluded.token\n    \
                      WHERE f.token <= excluded.token\n    \
@@ -307,7 +340,7 @@ impl PgFence {
     /// serialization error, or [`admit`](PgFence::admit) first.
     ///
     /// Use one way per fence name: a transaction that admits first takes
-    /// the fence row before your rows, one that admits at commit takes
+    /// the fence before your rows, one that admits at commit takes
     /// your rows first, and two taking them in opposite orders deadlock
     /// (the server breaks it, failing one with a retryable error).
     ///

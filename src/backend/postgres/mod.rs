@@ -109,5 +109,5 @@ mod sql;
 mod store;
 mod tasks;
 
-pub use fence::{FencedTransaction, MAX_FENCE_NAME, PgFence};
+pub use fence::{FENCE_LOCK_CLASS, FencedTransaction, MAX_FENCE_NAME, PgFence};
 pub use store::{PostgresOptions, PostgresStore, PostgresWatch, SESSION_OPTIONS};
