@@ -226,6 +226,40 @@ async fn a_stale_token_is_refused_at_commit_and_its_writes_roll_back() {
     tx.commit().await.unwrap();
 }
 
+/// A deadpool connection is fenced both ways, through the tokio-postgres
+/// client and transaction it dereferences to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadpool_connections_are_fenced_alike() {
+    let Some((server, fence, c, _)) = two_writers().await else {
+        return;
+    };
+    let config: tokio_postgres::Config = server.url().parse().unwrap();
+    let manager = deadpool_postgres::Manager::new(config, NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .unwrap();
+    let mut pooled = pool.get().await.unwrap();
+    let tx = pooled.transaction().await.unwrap();
+    fence.admit(&tx, "pooled", t(3)).await.unwrap();
+    tx.execute("UPDATE accounts SET balance = 3 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let tx = fence.begin(&mut pooled, "pooled", t(2)).await.unwrap();
+    tx.execute("UPDATE accounts SET balance = 2 WHERE id = 1", &[])
+        .await
+        .unwrap();
+    match tx.commit().await {
+        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(2), t(3))),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(balance(&c).await, 3);
+    let tx = fence.begin(&mut pooled, "pooled", t(4)).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(recorded_token(&c, "pooled").await, Some(4));
+}
+
 /// The token recorded for `name`, if any.
 async fn recorded_token(c: &Client, name: &str) -> Option<i64> {
     c.query_opt(
