@@ -6,7 +6,7 @@
 //! `fence` (only the backend suite's fenced-transaction rows), `redis`
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `partition` (a single writer per key against locks, and the partition
-//! log against its raw transactions),
+//! log against its raw transactions; `partition log` runs only the latter),
 //! `text` (the traces, then the concurrent scenarios; the filter picks
 //! traces and scenarios whose name contains it, `B2` say); `report` runs
 //! them all and writes `BENCHMARKS.md` (`report text` reruns one suite and
@@ -39,7 +39,7 @@ fn main() {
         "adapt" => adapt::run(),
         "backend" => backend::run(std::env::args().nth(2).as_deref()),
         "fence" => backend::run_fence(),
-        "partition" => partition::run(),
+        "partition" => partition::run(std::env::args().nth(2).as_deref()),
         "redis" => redis::run(),
         "text" => text::run(std::env::args().nth(2).as_deref()),
         "report" => report::run(std::env::args().nth(2).as_deref()),

@@ -103,7 +103,7 @@ pub fn run(only: Option<&str>) -> Vec<Row> {
             "crdt" => crate::crdt::run(),
             "occ" => crate::occ::run(),
             "coord" => crate::coord::run(),
-            "partition" => crate::partition::run(),
+            "partition" => crate::partition::run(None),
             "adapt" => crate::adapt::run(),
             "backend" => {
                 let (rows, points) = crate::backend::run_with_scaling(None);

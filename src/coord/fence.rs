@@ -241,13 +241,26 @@ impl<S: Store> StoreFence<S> {
         compares: Vec<Compare>,
         ops: Vec<TxnOp>,
     ) -> Result<Option<Version>, CoordError> {
+        self.write_built(token, || (compares.clone(), ops.clone()))
+            .await
+    }
+
+    /// As [`write_if`](StoreFence::write_if), with the compares and writes
+    /// built for each attempt by `build` (called again only when another
+    /// writer changed the fence key in between), so nothing is copied.
+    pub(crate) async fn write_built(
+        &self,
+        token: FencingToken,
+        mut build: impl FnMut() -> (Vec<Compare>, Vec<TxnOp>),
+    ) -> Result<Option<Version>, CoordError> {
         // stored <= token, as bytes: any 8-byte value is below the token's
         // bytes followed by 0x00 exactly when it is at most the token. An
         // absent fence key fails every value compare, so it is tested apart.
-        let mut bound = token.to_bytes().to_vec();
-        bound.push(0);
+        let token_bytes = token.to_bytes();
+        let mut bound = [0u8; 9];
+        bound[..8].copy_from_slice(&token_bytes);
         let mut expect_absent = false;
-        let started = std::time::Instant::now();
+        let mut started = None;
         // Each lost round means another writer changed the fence key in
         // between (created it, or raised it to at most our token): bounded.
         for _ in 0..FENCE_ROUNDS {
@@ -256,16 +269,21 @@ impl<S: Store> StoreFence<S> {
             } else {
                 Compare::value(&self.fence_key, CompareOp::Less, &bound)
             };
-            let mut txn = Txn::new()
-                .when(guard)
-                .then(TxnOp::put(&self.fence_key, &token.to_bytes()))
-                .otherwise(TxnOp::get(&self.fence_key));
-            txn.compares.extend(compares.iter().cloned());
-            txn.success.extend(ops.iter().cloned());
+            let (compares, ops) = build();
+            let mut txn = Txn {
+                compares: Vec::with_capacity(1 + compares.len()),
+                success: Vec::with_capacity(1 + ops.len()),
+                failure: vec![TxnOp::get(&self.fence_key)],
+            };
+            txn.compares.push(guard);
+            txn.compares.extend(compares);
+            txn.success.push(TxnOp::put(&self.fence_key, &token_bytes));
+            txn.success.extend(ops);
             let out = self.store.txn(txn).await?;
             if out.succeeded {
                 return Ok(Some(out.revision));
             }
+            started.get_or_insert_with(std::time::Instant::now);
             match out.results.first() {
                 Some(TxnOpResult::Get { kv: Some(kv) }) => {
                     let highest =
@@ -284,7 +302,8 @@ impl<S: Store> StoreFence<S> {
                 _ => expect_absent = true,
             }
         }
-        Err(StoreError::Contention(RetryExhausted::new(FENCE_ROUNDS, started.elapsed())).into())
+        let elapsed = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
+        Err(StoreError::Contention(RetryExhausted::new(FENCE_ROUNDS, elapsed)).into())
     }
 
     /// A fenced single put.

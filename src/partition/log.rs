@@ -33,6 +33,8 @@ pub struct Command {
     /// The store revision it was appended at: its place in the log's
     /// order.
     pub revision: Version,
+    /// Its log entry's key.
+    entry: Vec<u8>,
 }
 
 /// What one [`PartitionLog::apply_owned`] pass did.
@@ -186,12 +188,19 @@ impl<S: Store + Clone> PartitionLog<S> {
     /// The name members compete for: partition `p` is owned by
     /// `view.owner(&log.partition_name(p))`.
     pub fn partition_name(&self, partition: u32) -> Vec<u8> {
-        format!("partition/{partition}").into_bytes()
+        let mut name = b"partition/".to_vec();
+        push_decimal(&mut name, partition, 1);
+        name
     }
 
+    /// `<prefix><area>/<partition, 5 digits>/<rest>`.
     fn key(&self, area: &str, partition: u32, rest: &[u8]) -> Vec<u8> {
-        let mut k = self.prefix.clone();
-        k.extend_from_slice(format!("{area}/{partition:05}/").as_bytes());
+        let mut k = Vec::with_capacity(self.prefix.len() + area.len() + 7 + rest.len());
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(area.as_bytes());
+        k.push(b'/');
+        push_decimal(&mut k, partition, 5);
+        k.push(b'/');
         k.extend_from_slice(rest);
         k
     }
@@ -415,20 +424,23 @@ impl<S: Store + Clone> PartitionLog<S> {
                 commands.next();
                 continue;
             }
-            let entry_key = self.key("log", partition, command.id.as_bytes());
-            let mut ops = handler(command);
-            ops.push(TxnOp::put(
-                &progress_key,
-                &command.revision.get().to_be_bytes(),
-            ));
-            ops.push(TxnOp::delete(&entry_key));
-            // The progress record as read (absent: mod revision 0), and
-            // the command still waiting: nobody applied it meanwhile.
-            let compares = vec![
-                Compare::mod_revision(&progress_key, CompareOp::Equal, progress_rev),
-                Compare::create_revision(&entry_key, CompareOp::Equal, command.revision),
-            ];
-            let outcome = fence.write_if(token, compares, ops).await;
+            let build = || {
+                let mut ops = handler(command);
+                ops.reserve(2);
+                ops.push(TxnOp::put(
+                    &progress_key,
+                    &command.revision.get().to_be_bytes(),
+                ));
+                ops.push(TxnOp::delete(&command.entry));
+                // The progress record as read (absent: mod revision 0), and
+                // the command still waiting: nobody applied it meanwhile.
+                let compares = vec![
+                    Compare::mod_revision(&progress_key, CompareOp::Equal, progress_rev),
+                    Compare::create_revision(&command.entry, CompareOp::Equal, command.revision),
+                ];
+                (compares, ops)
+            };
+            let outcome = fence.write_built(token, build).await;
             if !matches!(outcome, Ok(Some(_))) {
                 self.forget(partition);
             }
@@ -512,7 +524,25 @@ fn decode(partition: u32, kv: KeyValue) -> Result<Command, LogError> {
         payload: kv.value[4 + len..].to_vec(),
         id,
         revision: kv.create_revision,
+        entry: kv.key,
     })
+}
+
+/// Appends `n` in decimal, zero-padded to at least `width` digits.
+fn push_decimal(out: &mut Vec<u8>, n: u32, width: usize) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.resize(out.len() + width.saturating_sub(digits.len() - at), b'0');
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// The applied revision a progress record holds and the record's own mod
@@ -529,4 +559,22 @@ fn progress_of(kv: Option<&KeyValue>) -> Result<(Version, Version), LogError> {
             key: kv.key.clone(),
         })?;
     Ok((Version::new(u64::from_be_bytes(bytes)), kv.mod_revision))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn keys_and_partition_names_keep_their_layout() {
+        let log = PartitionLog::new(MemoryStore::new(), "p/", MAX_PARTITIONS).unwrap();
+        for p in [0, 7, 10, 12_345, 99_999, MAX_PARTITIONS - 1] {
+            assert_eq!(log.partition_name(p), format!("partition/{p}").into_bytes());
+            assert_eq!(
+                log.key("log", p, b"id"),
+                format!("p/log/{p:05}/id").into_bytes()
+            );
+        }
+    }
 }
