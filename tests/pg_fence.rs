@@ -86,12 +86,9 @@ async fn a_stale_token_is_refused_and_its_writes_roll_back() {
         return;
     };
 
-    let tx = c.transaction().await.unwrap();
-    fence.admit(&tx, "accounts", t(34)).await.unwrap();
-    tx.execute("UPDATE accounts SET balance = 50 WHERE id = 1", &[])
+    set_balance_admitted(&mut c, &fence, "accounts", t(34), 50)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
 
     let tx = c.transaction().await.unwrap();
     tx.execute("UPDATE accounts SET balance = 0 WHERE id = 1", &[])
@@ -144,19 +141,14 @@ async fn a_stale_token_is_refused_at_commit_and_its_writes_roll_back() {
 
     let tx = fence.begin(&mut c, "accounts", t(34)).await.unwrap();
     assert_eq!(tx.token(), t(34));
-    tx.execute("UPDATE accounts SET balance = 50 WHERE id = 1", &[])
+    tx.rollback().await.unwrap();
+    set_balance_fenced(&mut c, &fence, "accounts", t(34), 50)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-
-    let tx = fence.begin(&mut c, "accounts", t(33)).await.unwrap();
-    tx.execute("UPDATE accounts SET balance = 0 WHERE id = 1", &[])
-        .await
-        .unwrap();
-    match tx.commit().await {
-        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(33), t(34))),
-        other => panic!("expected Fenced, got {other:?}"),
-    }
+    assert_fenced(
+        set_balance_fenced(&mut c, &fence, "accounts", t(33), 0).await,
+        (33, 34),
+    );
     assert_eq!(balance(&c).await, 50, "the stale write never landed");
     // The connection is usable again: the refused transaction ended.
     let tx = fence.begin(&mut c, "accounts", t(34)).await.unwrap();
@@ -240,24 +232,61 @@ async fn deadpool_connections_are_fenced_alike() {
         .build()
         .unwrap();
     let mut pooled = pool.get().await.unwrap();
-    let tx = pooled.transaction().await.unwrap();
-    fence.admit(&tx, "pooled", t(3)).await.unwrap();
-    tx.execute("UPDATE accounts SET balance = 3 WHERE id = 1", &[])
+    set_balance_admitted(&mut pooled, &fence, "pooled", t(3), 3)
         .await
         .unwrap();
-    tx.commit().await.unwrap();
-    let tx = fence.begin(&mut pooled, "pooled", t(2)).await.unwrap();
-    tx.execute("UPDATE accounts SET balance = 2 WHERE id = 1", &[])
-        .await
-        .unwrap();
-    match tx.commit().await {
-        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(2), t(3))),
-        other => panic!("expected Fenced, got {other:?}"),
-    }
+    assert_fenced(
+        set_balance_fenced(&mut pooled, &fence, "pooled", t(2), 2).await,
+        (2, 3),
+    );
     assert_eq!(balance(&c).await, 3);
     let tx = fence.begin(&mut pooled, "pooled", t(4)).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(recorded_token(&c, "pooled").await, Some(4));
+}
+
+/// Sets the account's balance in a transaction opened with
+/// `PgFence::begin` (admitted at commit).
+async fn set_balance_fenced(
+    c: &mut Client,
+    fence: &PgFence,
+    name: &str,
+    token: FencingToken,
+    balance: i64,
+) -> Result<(), CoordError> {
+    let tx = fence.begin(c, name, token).await?;
+    tx.execute("UPDATE accounts SET balance = $1 WHERE id = 1", &[&balance])
+        .await
+        .unwrap();
+    tx.commit().await
+}
+
+/// Sets the account's balance in a transaction that admits first
+/// (`PgFence::admit`).
+async fn set_balance_admitted(
+    c: &mut Client,
+    fence: &PgFence,
+    name: &str,
+    token: FencingToken,
+    balance: i64,
+) -> Result<(), CoordError> {
+    let tx = c.transaction().await.unwrap();
+    fence.admit(&tx, name, token).await?;
+    tx.execute("UPDATE accounts SET balance = $1 WHERE id = 1", &[&balance])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    Ok(())
+}
+
+/// `result` is a refusal of token `presented` by a fence at `highest`.
+fn assert_fenced(result: Result<(), CoordError>, (presented, highest): (u64, u64)) {
+    match result {
+        Err(CoordError::Fenced(f)) => {
+            assert_eq!((f.presented, f.highest), (t(presented), t(highest)));
+        }
+        other => panic!("expected Fenced, got {other:?}"),
+    }
 }
 
 /// The token recorded for `name`, if any.
@@ -466,10 +495,7 @@ async fn holders_of_the_recorded_token_share_the_fence_and_a_raise_waits_for_the
         .await
         .expect("the raise goes on once the holders ended")
         .unwrap();
-    match late.await.unwrap() {
-        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(5), t(6))),
-        other => panic!("the old token after a raise got {other:?}"),
-    }
+    assert_fenced(late.await.unwrap(), (5, 6));
     assert_eq!(recorded_token(&b, "shared").await, Some(6));
 }
 
@@ -724,10 +750,7 @@ async fn sqlx_transactions_are_fenced_alike() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    match fence.admit_sqlx(&mut tx, "accounts", t(33)).await {
-        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(33), t(34))),
-        other => panic!("expected Fenced, got {other:?}"),
-    }
+    assert_fenced(fence.admit_sqlx(&mut tx, "accounts", t(33)).await, (33, 34));
     tx.rollback().await.unwrap();
     assert_eq!(balance(&c).await, 50, "the stale write never landed");
     assert!(matches!(
@@ -762,10 +785,7 @@ async fn sqlx_transactions_are_fenced_alike() {
     // Admitted at commit, in one message.
     set_balance_sqlx(&pool, &fence, 70, t(50)).await.unwrap();
     assert_eq!(balance(&c).await, 70);
-    match set_balance_sqlx(&pool, &fence, 0, t(49)).await {
-        Err(CoordError::Fenced(f)) => assert_eq!((f.presented, f.highest), (t(49), t(50))),
-        other => panic!("expected Fenced, got {other:?}"),
-    }
+    assert_fenced(set_balance_sqlx(&pool, &fence, 0, t(49)).await, (49, 50));
     assert_eq!(balance(&c).await, 70, "the stale write never landed");
     // The connections come back clean, refused or committed: outside any
     // transaction (a savepoint there fails with no_active_sql_transaction).
