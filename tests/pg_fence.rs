@@ -997,9 +997,9 @@ async fn a_frozen_holder_process_never_commits_after_its_successor() {
 /// [`a_frozen_holder_process_never_commits_after_its_successor`]: does
 /// nothing unless `CALM_FENCED_HOLDER` (`url|phase`) is set. Prints
 /// `HOLDING <token>` once it holds the lock (and, in phase `in-tx`, has
-/// admitted and updated the account in an open transaction), waits for
-/// `GO` on stdin, then finishes and prints `OUTCOME committed` or
-/// `OUTCOME refused: <error>`.
+/// admitted, a second time with the token it holds, and updated the
+/// account in an open transaction), waits for `GO` on stdin, then
+/// finishes and prints `OUTCOME committed` or `OUTCOME refused: <error>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "entry point of the frozen holder process"]
 async fn fenced_holder() {
@@ -1023,7 +1023,7 @@ async fn fenced_holder() {
     let fence = PgFence::new("calm_fence").unwrap();
     let mut c = client(url).await;
     // What a fenced writer's sessions should set: a holder frozen inside
-    // its transaction keeps the fence row locked until the server ends
+    // its transaction keeps the fence locked until the server ends
     // the session. Phase `at-commit` holds no lock while frozen (it
     // opened its transaction and has not written yet), so its session
     // stays, and only the fence can refuse its commit.
@@ -1046,6 +1046,11 @@ async fn fenced_holder() {
         }
         .await
     } else if phase == "in-tx" {
+        // A holder that has written under its token before: its token is
+        // the recorded one, so the frozen admission holds the fence shared.
+        let t = c.transaction().await.unwrap();
+        fence.admit(&t, "accounts", token).await.unwrap();
+        t.commit().await.unwrap();
         let t = c.transaction().await.unwrap();
         fence.admit(&t, "accounts", token).await.unwrap();
         t.execute(stale_write, &[&mine]).await.unwrap();
