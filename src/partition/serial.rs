@@ -50,8 +50,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::hash::Hash;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -222,7 +221,7 @@ struct Shared<K> {
     /// The busy keys, by shard of their hash.
     shards: Box<[Shard<K>]>,
     /// Picks a key's shard.
-    hasher: RandomState,
+    hasher: BuildHasherDefault<ShardHasher>,
     /// Busy keys in all shards: raised when a partition is inserted and
     /// lowered when one is removed, each under its shard's lock.
     active: AtomicUsize,
@@ -428,7 +427,7 @@ where
                         }))
                     })
                     .collect(),
-                hasher: RandomState::new(),
+                hasher: BuildHasherDefault::default(),
                 active: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 emptied: Notify::new(),
@@ -940,6 +939,34 @@ where
             runtime.spawn(drain.run(None));
         }
         Ok(())
+    }
+}
+
+/// A fast multiply-rotate hash that only picks a key's shard: the shard's
+/// map hashes the key again with the standard library's keyed hasher, so
+/// keys chosen to collide here only share a lock, never degrade a map.
+#[derive(Default)]
+struct ShardHasher(u64);
+
+impl Hasher for ShardHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes([
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+            ]));
+        }
+        for &b in chunks.remainder() {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
