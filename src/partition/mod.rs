@@ -44,7 +44,7 @@
 //!
 //! Where a lock is still cheaper: tiny synchronous updates that never
 //! await, such as bumping a counter, cost 2–3× a `Mutex<HashMap>` update
-//! on one thread in calm's bench, and more (up to 3.1×) when many threads
+//! on one thread in calm's bench, and up to about 3× when many threads
 //! hit a few hot keys, whose work queues for a drain task while a mutex's
 //! callers just take turns. The executor pays off where work awaits (I/O
 //! between the read and the write): there it matches a
