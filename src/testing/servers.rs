@@ -300,16 +300,38 @@ pub struct PostgresServer {
     url: String,
     binary: Option<PathBuf>,
     ids: Option<(u32, u32)>,
+    /// Whether commits wait for the disk (`fsync`, full-page writes).
+    durable: bool,
 }
 
 impl PostgresServer {
     /// Starts a fresh server (or uses `CALM_POSTGRES_URL`).
+    ///
+    /// It runs without `fsync`: the OS keeps written pages when the server
+    /// process is killed, which is the fault tests inject, so only a
+    /// machine crash could lose data, and tests run faster.
     ///
     /// # Errors
     ///
     /// [`ServerError::Missing`] if PostgreSQL is not installed, or an error
     /// starting it.
     pub fn start() -> Result<Self, ServerError> {
+        Self::start_as(false)
+    }
+
+    /// Starts a fresh server configured as a production one: every commit
+    /// waits for its WAL to reach the disk (`fsync` and full-page writes
+    /// on, PostgreSQL's defaults). For measuring what a write costs where
+    /// users run it. Uses `CALM_POSTGRES_URL` instead when it is set.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_durable() -> Result<Self, ServerError> {
+        Self::start_as(true)
+    }
+
+    fn start_as(durable: bool) -> Result<Self, ServerError> {
         if let Ok(url) = std::env::var("CALM_POSTGRES_URL") {
             return Ok(Self {
                 process: None,
@@ -318,6 +340,7 @@ impl PostgresServer {
                 url,
                 binary: None,
                 ids: None,
+                durable,
             });
         }
         let versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -364,6 +387,7 @@ impl PostgresServer {
             port,
             binary: Some(postgres),
             ids,
+            durable,
         };
         server.launch()?;
         Ok(server)
@@ -378,19 +402,11 @@ impl PostgresServer {
             .arg(dir.join("data"))
             .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
             .arg(dir)
-            // The OS keeps written pages when the server process is killed,
-            // which is the fault these tests inject; skipping fsync only
-            // risks data on a machine crash.
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "full_page_writes=off",
-                "-c",
-                "max_connections=200",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .args(["-c", "max_connections=200"]);
+        if !self.durable {
+            cmd.args(["-c", "fsync=off", "-c", "full_page_writes=off"]);
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
         as_user(&mut cmd, self.ids);
         let child = cmd.spawn().map_err(|source| ServerError::Start {
             what: "postgres",

@@ -113,9 +113,13 @@ pub fn run_with_scaling(only: Option<&str>) -> (Vec<Row>, Vec<ScalePoint>) {
             Ok(server) => on_postgres(&rt, &server, &mut out),
             Err(e) => eprintln!("backend: SKIPPED PostgreSQL: {e}"),
         }
-        // On a server of their own: the store's load above leaves the
+        // On servers of their own: the store's load above leaves the
         // first one vacuuming and checkpointing for a while.
         out.0.extend(run_fence());
+        match PostgresServer::start_durable() {
+            Ok(server) => on_durable_postgres(&rt, &server, &mut out.0),
+            Err(e) => eprintln!("backend: SKIPPED durable PostgreSQL: {e}"),
+        }
     }
     if wanted("etcd") {
         match EtcdServer::start() {
@@ -188,6 +192,55 @@ fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<S
     let mut raw = postgres::RawProbe::start(rt, server.url());
     watch(rt, &labels, &mut calm, &mut raw, &mut out.0);
 }
+
+/// Writes on a server whose commits wait for the disk, as production
+/// servers' do (the scaling rows run without `fsync`, which leaves the
+/// CPU cost of each side bare): one task's latency, and 16 tasks.
+fn on_durable_postgres(rt: &Runtime, server: &PostgresServer, rows: &mut Vec<Row>) {
+    let store = connect(rt, || {
+        PostgresStore::connect_with(PostgresOptions::new(server.url()).with_schema("bench"))
+    });
+    let labels = Labels {
+        backend: "PostgreSQL (fsync on)",
+        workload: "PostgreSQL with fsync on, 64 B values",
+        peer: "raw tokio-postgres",
+        watch_peer: "bare LISTEN/NOTIFY",
+    };
+    let mut calm = preload(rt, CalmWorker::many(&store, DURABLE_TASKS));
+    let mut raw = preload(
+        rt,
+        postgres::RawWorker::many(rt, server.url(), DURABLE_TASKS),
+    );
+    for op in [Op::Put, Op::Cas] {
+        for tasks in [1, DURABLE_TASKS] {
+            let (a, b) = interleaved(rt, &mut calm, &mut raw, tasks, op);
+            eprintln!(
+                "backend: {} {} × {tasks}: calm {:.0}/s p50 {}, raw {:.0}/s p50 {}",
+                labels.backend,
+                op.name(),
+                a.rate,
+                Figure::Time(a.p50),
+                b.rate,
+                Figure::Time(b.p50)
+            );
+            let plural = if tasks == 1 { "" } else { "s" };
+            let metric = format!("{}, {tasks} task{plural}, 1/throughput", op.name());
+            rows.push(throughput_row(&labels, metric, a, b, true));
+            if tasks == 1 {
+                let metric = format!("{}, 1 task: latency p50", op.name());
+                rows.push(time_row(
+                    labels.workload,
+                    &metric,
+                    labels.peer,
+                    (a.p50, b.p50),
+                ));
+            }
+        }
+    }
+}
+
+/// Tasks of the durable server's concurrent rows.
+const DURABLE_TASKS: usize = 16;
 
 fn on_etcd(rt: &Runtime, server: &EtcdServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
     let store = connect(rt, || EtcdStore::connect(server.endpoints()));
