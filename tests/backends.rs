@@ -46,6 +46,158 @@ async fn put_is_read_and_watched<S: calm::store::Store>(store: &S, prefix: &[u8]
     );
 }
 
+/// Writers on two stores of one backend race on three keys: unconditional
+/// puts, compare-and-sets on the version just read, creates, deletes and
+/// leased puts. Afterwards the history from the first write on must hold
+/// every revision once and in order (no gap: a write that backed out left
+/// no hole), each acknowledged write at its revision, and each `prev` it
+/// returned must be the key exactly as the history had it just before.
+pub(crate) async fn racing_stores_keep_an_exact_history<S>(a: S, b: S, prefix: &str)
+where
+    S: calm::store::Store + Clone + 'static,
+{
+    use std::collections::BTreeMap;
+
+    use calm::occ::Version;
+    use calm::store::{EventKind, Expect, KeySpan, KeyValue, PutOptions, Watch, WriteOutcome};
+
+    const TASKS: usize = 6;
+    const OPS: usize = 120;
+    let start = a.revision().await.unwrap();
+    let keys: Vec<Vec<u8>> = (0..3)
+        .map(|k| format!("{prefix}{k}").into_bytes())
+        .collect();
+    // Revision -> (key, value written or None for a deletion, prev returned).
+    type Acked = BTreeMap<Version, (Vec<u8>, Option<Vec<u8>>, Option<KeyValue>)>;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let store = if t % 2 == 0 { a.clone() } else { b.clone() };
+            let keys = keys.clone();
+            tokio::spawn(async move {
+                let lease = store
+                    .grant(std::time::Duration::from_secs(120))
+                    .await
+                    .unwrap()
+                    .id;
+                let mut acked = Acked::new();
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
+                for i in 0..OPS {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let key = &keys[(x % 3) as usize];
+                    let value = format!("{t}:{i}").into_bytes();
+                    let (outcome, written) = match (x >> 8) % 10 {
+                        0..=3 => {
+                            let expect = match store.get(key).await.unwrap() {
+                                Some(kv) => Expect::Version(kv.mod_revision),
+                                None => Expect::Absent,
+                            };
+                            let options = PutOptions::new().with_expect(expect);
+                            (store.put(key, &value, options).await, Some(value))
+                        }
+                        4..=6 => (store.put(key, &value, PutOptions::new()).await, Some(value)),
+                        7 => (store.delete(key, Expect::Any).await, None),
+                        8 => {
+                            let options = PutOptions::new().with_expect(Expect::Absent);
+                            (store.put(key, &value, options).await, Some(value))
+                        }
+                        _ => {
+                            let options = PutOptions::new().with_lease(lease);
+                            (store.put(key, &value, options).await, Some(value))
+                        }
+                    };
+                    match outcome.unwrap() {
+                        // A delete of an absent key writes nothing.
+                        WriteOutcome::Committed { prev: None, .. } if written.is_none() => {}
+                        WriteOutcome::Committed { revision, prev } => {
+                            let old = acked.insert(revision, (key.clone(), written, prev));
+                            assert!(old.is_none(), "two writes of one task at {revision}");
+                        }
+                        WriteOutcome::Conflict { .. } => {}
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    let mut acked = Acked::new();
+    for task in tasks {
+        for (revision, write) in task.await.unwrap() {
+            assert!(
+                acked.insert(revision, write).is_none(),
+                "two acknowledged writes at {revision}"
+            );
+        }
+    }
+    let last = *acked.keys().next_back().expect("some write committed");
+    let mut watch = a
+        .watch(KeySpan::Prefix(prefix.as_bytes().to_vec()), start.next())
+        .await
+        .unwrap();
+    let mut state: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
+    let mut expected = start.next();
+    while expected <= last {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+            .await
+            .expect("the history arrives")
+            .unwrap();
+        let revision = event.kv.mod_revision;
+        assert_eq!(revision, expected, "a revision missing or out of order");
+        expected = revision.next();
+        let key = event.kv.key.clone();
+        let before = state.get(&key).cloned();
+        let (written_key, written, prev) = acked
+            .remove(&revision)
+            .unwrap_or_else(|| panic!("{revision} was written by nobody"));
+        assert_eq!(written_key, key, "the write at {revision}");
+        assert_eq!(prev, before, "prev returned by the write at {revision}");
+        match event.kind {
+            EventKind::Put => {
+                assert_eq!(
+                    Some(&event.kv.value),
+                    written.as_ref(),
+                    "value at {revision}"
+                );
+                let created = before.as_ref().map_or(revision, |kv| kv.create_revision);
+                let writes = before.as_ref().map_or(1, |kv| kv.writes + 1);
+                assert_eq!(
+                    (event.kv.create_revision, event.kv.writes),
+                    (created, writes),
+                    "counters at {revision}"
+                );
+                state.insert(key, event.kv);
+            }
+            EventKind::Delete => {
+                assert!(
+                    written.is_none(),
+                    "a deletion at {revision} nobody asked for"
+                );
+                state.remove(&key);
+            }
+        }
+    }
+    assert!(
+        acked.is_empty(),
+        "acknowledged but not in the history: {acked:?}"
+    );
+    for key in &keys {
+        assert_eq!(
+            a.get(key).await.unwrap(),
+            state.get(key).cloned(),
+            "final state"
+        );
+    }
+}
+
+/// The history check passes on the in-memory store (it checks the
+/// checker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_stores_keep_an_exact_history_in_memory() {
+    let store = calm::store::MemoryStore::new();
+    racing_stores_keep_an_exact_history(store.clone(), store, "race/").await;
+}
+
 /// A server backend the shared suite runs on: how to start its server,
 /// open a store on it, and kill it.
 #[cfg(any(feature = "postgres", feature = "etcd"))]
@@ -140,6 +292,17 @@ macro_rules! suite {
                 return;
             };
             crate::backends::run_conformance(&server, <$backend>::NAME).await;
+        }
+
+        /// Two stores' racing writers leave an exact, gapless history.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn racing_stores_keep_an_exact_history() {
+            use crate::backends::Backend;
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            let (a, b) = (server.store("race").await, server.store("race").await);
+            crate::backends::racing_stores_keep_an_exact_history(a, b, "race/").await;
         }
 
         /// A watch ends when its store's last handle is dropped.

@@ -20,10 +20,11 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
+use super::record::Record;
 use super::sql::Sql;
-use super::store::{kv_of_columns, query};
+use super::store::{Columns, kv_of_columns, query};
 use crate::occ::Version;
 use crate::store::{
     Compare, CompareOp, CompareTarget, Expect, KeyValue, LeaseId, StoreError, TxnOp, TxnOpResult,
@@ -237,8 +238,8 @@ fn answer(batch: Vec<Request>, replies: Result<Vec<Result<Reply, StoreError>>, S
     }
 }
 
-/// Sends single-key writes on distinct keys as one call of `apply_each`
-/// or, for a long batch, `apply_keys`.
+/// Sends single-key writes on distinct keys as one call: `write_one` for
+/// one, `apply_each` for a short batch, `apply_keys` for a long one.
 async fn run_keys(
     pool: &Pool,
     sql: &Sql,
@@ -270,9 +271,32 @@ async fn run_keys(
         expect.push(e);
         version.push(ver);
     }
-    let params: [&(dyn ToSql + Sync); 6] = [&kind, &key, &value, &lease, &expect, &version];
     // One autocommit statement: a connection lost while it runs leaves
     // its commit unknown.
+    if n == 1 {
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &kind[0],
+            &key[0],
+            &value[0],
+            &lease[0],
+            &expect[0],
+            &version[0],
+        ];
+        let rows = query(pool, &sql.write_one, &params, true).await?;
+        let record = rows
+            .first()
+            .map(|row| row.try_get::<_, Record>(0))
+            .transpose()
+            .map_err(|e| StoreError::Backend { source: e.into() })?
+            .filter(|r| {
+                (0..OUTCOME.len()).all(|i| r.is(i, &OUTCOME[i])) && r.len() == OUTCOME.len()
+            })
+            .ok_or_else(|| StoreError::Backend {
+                source: "write_one returned no outcome of the expected shape".into(),
+            })?;
+        return Ok(vec![key_reply(&batch[0], &record)]);
+    }
+    let params: [&(dyn ToSql + Sync); 6] = [&kind, &key, &value, &lease, &expect, &version];
     let statement = if n < SET_BASED_FROM {
         &sql.apply_each
     } else {
@@ -288,24 +312,7 @@ async fn run_keys(
         else {
             continue;
         };
-        if row.get::<_, i16>(3) == 1 {
-            replies[i] = Some(Err(StoreError::LeaseNotFound {
-                lease: LeaseId::new(row.get::<_, Option<i64>>(10).unwrap_or(0)),
-            }));
-            continue;
-        }
-        let succeeded: bool = row.get(1);
-        let kv = row.get::<_, bool>(4).then(|| kv_of_columns(row, 5));
-        let result = match (&batch[i].success[0], succeeded) {
-            (TxnOp::Put { .. }, true) => TxnOpResult::Put { prev: kv },
-            (_, true) => TxnOpResult::Delete { prev: kv },
-            (_, false) => TxnOpResult::Get { kv },
-        };
-        replies[i] = Some(Ok(Reply {
-            succeeded,
-            revision: Version::from_i64(row.get(2)),
-            results: vec![result],
-        }));
+        replies[i] = Some(key_reply(&batch[i], row));
     }
     Ok(replies
         .into_iter()
@@ -317,6 +324,44 @@ async fn run_keys(
             })
         })
         .collect())
+}
+
+/// The types of one outcome of `apply_each`, `apply_keys` and `write_one`:
+/// position, succeeded, revision, error code, present, then the key's six
+/// columns.
+const OUTCOME: [Type; 11] = [
+    Type::INT4,
+    Type::BOOL,
+    Type::INT8,
+    Type::INT2,
+    Type::BOOL,
+    Type::BYTEA,
+    Type::BYTEA,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+];
+
+/// A single-key write's reply from its outcome.
+fn key_reply(request: &Request, row: &impl Columns) -> Result<Reply, StoreError> {
+    if row.column::<i16>(3) == 1 {
+        return Err(StoreError::LeaseNotFound {
+            lease: LeaseId::new(row.column::<Option<i64>>(10).unwrap_or(0)),
+        });
+    }
+    let succeeded: bool = row.column(1);
+    let kv = row.column::<bool>(4).then(|| kv_of_columns(row, 5));
+    let result = match (&request.success[0], succeeded) {
+        (TxnOp::Put { .. }, true) => TxnOpResult::Put { prev: kv },
+        (_, true) => TxnOpResult::Delete { prev: kv },
+        (_, false) => TxnOpResult::Get { kv },
+    };
+    Ok(Reply {
+        succeeded,
+        revision: Version::from_i64(row.column(2)),
+        results: vec![result],
+    })
 }
 
 /// One failure handed to every request of a batch: each gets the same

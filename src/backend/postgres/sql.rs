@@ -25,6 +25,9 @@ pub(super) struct Sql {
     pub apply_keys: String,
     /// `apply_each(...)`: `apply_keys`' contract, cheaper for short batches.
     pub apply_each: String,
+    /// `write_one(...)`: `apply_each`'s contract for one write, as one
+    /// composite value.
+    pub write_one: String,
     /// The store revision.
     pub revision: String,
     /// One live key.
@@ -75,6 +78,10 @@ impl Sql {
             apply_each: format!(
                 "SELECT * FROM {s}.apply_each($1::smallint[], $2::bytea[], $3::bytea[], \
                  $4::bigint[], $5::smallint[], $6::bigint[])"
+            ),
+            write_one: format!(
+                "SELECT {s}.write_one($1::smallint, $2::bytea, $3::bytea, $4::bigint, \
+                 $5::smallint, $6::bigint)"
             ),
             apply_keys: format!(
                 "SELECT * FROM {s}.apply_keys($1::smallint[], $2::bytea[], $3::bytea[], \
@@ -154,7 +161,8 @@ impl Sql {
 ///   or `RETURN QUERY` several times that.
 /// - `apply_each`, `apply_keys`: a batch of single-key writes on distinct
 ///   keys, one statement per write or set-based (a fixed cost several
-///   times higher, a smaller one per write).
+///   times higher, a smaller one per write); `write_one`: one such write,
+///   its common cases in one statement.
 /// - `reap`, `revoke`: end leases, deleting their keys at a new revision.
 /// - `compact`: drops history.
 fn migrate(s: &str, channel: &str) -> String {
@@ -365,6 +373,57 @@ BEGIN
     IF rev <> start_rev THEN
         PERFORM pg_notify('{channel}', rev::text);
     END IF;
+END $$;
+
+-- apply_each's contract for one write, returned as one composite value
+-- (no set to materialise). A put of a key without a lease, with no
+-- expectation or an expected version, is one statement under the lock:
+-- an UPDATE joined to the row's old version returns the key before it;
+-- a key absent until now is inserted. Anything else (leases, deletes,
+-- creation, a version the key no longer has) goes to apply_each, with
+-- the revision left as it found it.
+CREATE OR REPLACE FUNCTION {s}.write_one(
+    kind smallint, k bytea, v bytea, l bigint, e smallint, ver bigint,
+    OUT ord int, OUT succeeded boolean, OUT revision bigint, OUT err smallint,
+    OUT present boolean, OUT key bytea, OUT value bytea, OUT create_revision bigint,
+    OUT mod_revision bigint, OUT writes bigint, OUT lease bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    seen bigint;
+    leased bigint;
+BEGIN
+    IF kind = 0 AND l = 0 AND e <> 1 THEN
+        IF e = 2 THEN
+            -- A version that already fails is apply_each's lock-free
+            -- refusal.
+            SELECT z.mod_revision, z.lease INTO seen, leased FROM {s}.kv z WHERE z.key = k;
+        END IF;
+        IF e = 0 OR (seen = ver AND leased IS NULL) THEN
+            UPDATE {s}.meta m SET revision = m.revision + 1 WHERE m.id = 1
+                RETURNING m.revision INTO revision;
+            UPDATE {s}.kv z SET value = v, mod_revision = revision, writes = z.writes + 1
+            FROM {s}.kv o
+            WHERE z.key = k AND o.key = k AND o.lease IS NULL AND (e = 0 OR o.mod_revision = ver)
+            RETURNING o.key, o.value, o.create_revision, o.mod_revision, o.writes
+            INTO key, value, create_revision, mod_revision, writes;
+            IF NOT FOUND AND e = 0 THEN
+                INSERT INTO {s}.kv VALUES (k, v, revision, revision, 1, NULL)
+                ON CONFLICT ON CONSTRAINT kv_pkey DO NOTHING;
+            END IF;
+            IF FOUND THEN
+                INSERT INTO {s}.events VALUES (revision, k, 0, v,
+                    coalesce(create_revision, revision), coalesce(writes, 0) + 1, NULL);
+                PERFORM pg_notify('{channel}', revision::text);
+                ord := 1; succeeded := true; err := 0; present := key IS NOT NULL;
+                RETURN;
+            END IF;
+            UPDATE {s}.meta m SET revision = m.revision - 1 WHERE m.id = 1;
+        END IF;
+    END IF;
+    SELECT * INTO ord, succeeded, revision, err, present, key, value, create_revision,
+        mod_revision, writes, lease
+    FROM {s}.apply_each(ARRAY[kind], ARRAY[k], ARRAY[v], ARRAY[l], ARRAY[e], ARRAY[ver]);
 END $$;
 
 -- Applies a batch of single-key writes on distinct keys, set-based: a few

@@ -3,9 +3,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, QueueMode, RecyclingMethod};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{NoTls, Row, Socket};
 
 use super::batch::{self, Queue, Reply, Request};
@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub(super) sql: Arc<Sql>,
     /// Woken on every notification from the listener, and on drop.
     pub(super) changed: Arc<Notify>,
+    /// The `LISTEN` connection's demand and state (`None`: a store on a
+    /// user's pool, whose watches poll).
+    listening: Option<Listening>,
     /// Events to keep.
     pub(super) history: u64,
     /// Watches read again at least this often (woken sooner by LISTEN).
@@ -135,6 +138,30 @@ pub(crate) struct Shared {
     /// The listener and the reaper, stopped on drop.
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
+
+/// What a store's watches and its listener task tell each other.
+struct Listening {
+    /// Live watches: the listener listens while there is one, and for
+    /// [`tasks::LISTEN_IDLE`] after the last ends.
+    wanted: watch::Sender<usize>,
+    /// Whether `LISTEN` is in effect.
+    active: watch::Receiver<bool>,
+}
+
+/// Counts one watch in [`Listening::wanted`] until dropped.
+struct Listener(Weak<Shared>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Some(listening) = self.0.upgrade().as_ref().and_then(|s| s.listening.as_ref()) {
+            listening.wanted.send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+}
+
+/// How long a new watch waits for the `LISTEN` to be in effect before it
+/// reads (past that it reads anyway, and polls until notifications come).
+const LISTEN_WAIT: Duration = Duration::from_secs(1);
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -244,16 +271,30 @@ fn one(rows: Vec<Row>) -> Result<Row, StoreError> {
     })
 }
 
-/// A key from six columns starting at `at`: key, value, create and mod
+/// Values by position: the columns of a row, or the fields of a
+/// composite value.
+pub(super) trait Columns {
+    /// The value at `i`, as [`Row::get`] reads it (which panics if `T`
+    /// does not match the column's type: calm's own statements fix both).
+    fn column<'a, T: FromSql<'a>>(&'a self, i: usize) -> T;
+}
+
+impl Columns for Row {
+    fn column<'a, T: FromSql<'a>>(&'a self, i: usize) -> T {
+        self.get(i)
+    }
+}
+
+/// A key from six values starting at `at`: key, value, create and mod
 /// revisions, writes, lease.
-pub(super) fn kv_of_columns(row: &Row, at: usize) -> KeyValue {
-    let lease: Option<i64> = row.get(at + 5);
+pub(super) fn kv_of_columns(row: &impl Columns, at: usize) -> KeyValue {
+    let lease: Option<i64> = row.column(at + 5);
     KeyValue::new(
-        row.get(at),
-        row.get(at + 1),
-        Version::from_i64(row.get(at + 2)),
-        Version::from_i64(row.get(at + 3)),
-        u64::try_from(row.get::<_, i64>(at + 4)).unwrap_or(0),
+        row.column(at),
+        row.column(at + 1),
+        Version::from_i64(row.column(at + 2)),
+        Version::from_i64(row.column(at + 3)),
+        u64::try_from(row.column::<i64>(at + 4)).unwrap_or(0),
         lease.map(LeaseId::new),
     )
 }
@@ -384,8 +425,20 @@ impl PostgresStore {
                 endpoint: options.url.clone(),
                 source: Box::new(e),
             })?;
-        let store = Self::start(pool, &options, Duration::from_secs(1)).await?;
-        let listener = tokio::spawn(tasks::listen(config, tls, Arc::downgrade(&store.shared)));
+        let (active, active_rx) = watch::channel(false);
+        let (wanted, wanted_rx) = watch::channel(0);
+        let listening = Listening {
+            wanted,
+            active: active_rx,
+        };
+        let store = Self::start(pool, &options, Duration::from_secs(1), Some(listening)).await?;
+        let listener = tokio::spawn(tasks::listen(
+            config,
+            tls,
+            Arc::downgrade(&store.shared),
+            active,
+            wanted_rx,
+        ));
         if let Ok(mut tasks) = store.shared.tasks.lock() {
             tasks.push(listener);
         }
@@ -418,7 +471,7 @@ impl PostgresStore {
     /// As [`connect_with`](Self::connect_with).
     pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<Self, StoreError> {
         check_schema(&options.schema)?;
-        Self::start(pool, &options, Duration::from_millis(50)).await
+        Self::start(pool, &options, Duration::from_millis(50), None).await
     }
 
     /// Migrates, then starts the committers and the reaper; watches read
@@ -427,6 +480,7 @@ impl PostgresStore {
         pool: Pool,
         options: &PostgresOptions,
         poll: Duration,
+        listening: Option<Listening>,
     ) -> Result<Self, StoreError> {
         let sql = Arc::new(Sql::new(&options.schema));
         migrate(&pool, &sql).await?;
@@ -437,6 +491,7 @@ impl PostgresStore {
             reads,
             sql,
             changed: Arc::new(Notify::new()),
+            listening,
             history: options.history.max(1),
             poll,
             queue,
@@ -675,6 +730,19 @@ impl Store for PostgresStore {
             KeySpan::Key(k) => check_key(k)?,
             KeySpan::Prefix(p) => check_prefix(p)?,
         }
+        // Notifications first, so that every commit after the read below
+        // wakes this watch.
+        let listener = self.shared.listening.as_ref().map(|l| {
+            l.wanted.send_modify(|n| *n += 1);
+            (Listener(Arc::downgrade(&self.shared)), l.active.clone())
+        });
+        let listener = match listener {
+            Some((guard, mut active)) => {
+                let _ = tokio::time::timeout(LISTEN_WAIT, active.wait_for(|a| *a)).await;
+                Some(guard)
+            }
+            None => None,
+        };
         let (revision, compacted) = marks(&self.pool, self.sql()).await?;
         let next = if from == Version::ZERO {
             revision + 1
@@ -689,6 +757,7 @@ impl Store for PostgresStore {
         }
         Ok(PostgresWatch {
             inner: PolledWatch::new(self, span, next.unsigned_abs()),
+            _listener: listener,
         })
     }
 }
@@ -814,6 +883,8 @@ impl History for PostgresStore {
 /// it ends when its history is compacted under it or the store is closed.
 pub struct PostgresWatch {
     inner: PolledWatch<PostgresStore>,
+    /// Keeps the store listening while this watch lives.
+    _listener: Option<Listener>,
 }
 
 impl std::fmt::Debug for PostgresWatch {

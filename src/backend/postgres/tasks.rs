@@ -1,24 +1,45 @@
 //! The background tasks of a [`PostgresStore`](super::PostgresStore): the
-//! `LISTEN` connection that wakes watches, and the lease reaper. Both hold
+//! `LISTEN` connection that wakes watches (held while the store has
+//! watches), and the lease reaper. Both hold
 //! only a weak reference to the store and end with it.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use tokio::sync::watch;
 use tokio_postgres::Socket;
 use tokio_postgres::tls::MakeTlsConnect;
 
 use super::store::{Shared, compact, marks, query};
 
-/// Holds a `LISTEN` connection and wakes watchers on notifications;
-/// reconnects after failures (watches re-read every second meanwhile).
-pub(super) async fn listen<T>(config: tokio_postgres::Config, tls: T, shared: Weak<Shared>)
-where
+/// How long the listener keeps listening after the last watch ended
+/// (watches come and go, an election's waiters say; `LISTEN` and
+/// `UNLISTEN` are a round trip each).
+pub(super) const LISTEN_IDLE: Duration = Duration::from_secs(10);
+
+/// Holds a `LISTEN` connection while the store has watches (`wanted`
+/// above zero), telling them through `active` when it is in effect, and
+/// wakes them on notifications; reconnects after failures (watches
+/// re-read every second meanwhile).
+///
+/// Nothing listens while no watch lives: every notifying commit in the
+/// database wakes each listening session, which costs the server (and,
+/// on a small machine, the writers) CPU per write.
+pub(super) async fn listen<T>(
+    config: tokio_postgres::Config,
+    tls: T,
+    shared: Weak<Shared>,
+    active: watch::Sender<bool>,
+    mut wanted: watch::Receiver<usize>,
+) where
     T: MakeTlsConnect<Socket> + Clone,
     T::Stream: Send,
 {
     loop {
+        if wanted.wait_for(|n| *n > 0).await.is_err() {
+            return;
+        }
         let Some(channel) = shared.upgrade().map(|s| s.sql.channel.clone()) else {
             return;
         };
@@ -30,8 +51,6 @@ where
             );
         }
         if let Ok((client, mut connection)) = connected {
-            let sql = format!("LISTEN {channel}");
-            let listen = client.batch_execute(&sql);
             let drive = async {
                 loop {
                     match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -46,9 +65,46 @@ where
                     }
                 }
             };
-            let (listened, ()) = tokio::join!(listen, drive);
-            let _ = listened;
+            let control = async {
+                loop {
+                    if wanted.wait_for(|n| *n > 0).await.is_err() {
+                        return;
+                    }
+                    if client
+                        .batch_execute(&format!("LISTEN {channel}"))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    active.send_replace(true);
+                    // Until no watch has lived for LISTEN_IDLE.
+                    loop {
+                        if wanted.wait_for(|n| *n == 0).await.is_err() {
+                            return;
+                        }
+                        match tokio::time::timeout(LISTEN_IDLE, wanted.wait_for(|n| *n > 0)).await {
+                            Err(_) => break,
+                            Ok(Err(_)) => return,
+                            Ok(Ok(_)) => {}
+                        }
+                    }
+                    active.send_replace(false);
+                    if client
+                        .batch_execute(&format!("UNLISTEN {channel}"))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = drive => {}
+                () = control => {}
+            }
         }
+        active.send_replace(false);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
