@@ -151,6 +151,32 @@ async fn commit_loop(pool: Pool, sql: Arc<Sql>, rx: Arc<Mutex<mpsc::Receiver<Req
     }
 }
 
+/// Sends one request on the caller's task, when its store has no other
+/// write to batch it with.
+pub(super) async fn run_alone(
+    pool: &Pool,
+    sql: &Sql,
+    request: Request,
+) -> Result<Reply, StoreError> {
+    let batch = [request];
+    let replies = if batch[0].single.is_some() {
+        run_keys(pool, sql, &batch).await?
+    } else {
+        run(pool, sql, &batch).await?
+    };
+    replies
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(no_outcome()))
+}
+
+/// A request the server's answer left out.
+fn no_outcome() -> StoreError {
+    StoreError::Backend {
+        source: "the server returned no outcome for a request".into(),
+    }
+}
+
 /// Each key's state right after a call of single-key writes committed, as
 /// its replies tell it (keys whose reply does not are left out).
 fn states_after(
@@ -316,13 +342,7 @@ async fn run_keys(
     }
     Ok(replies
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(StoreError::Backend {
-                    source: "the server returned no outcome for a request".into(),
-                })
-            })
-        })
+        .map(|r| r.unwrap_or_else(|| Err(no_outcome())))
         .collect())
 }
 
@@ -522,12 +542,6 @@ fn split(batch: &[Request], rows: &[Row]) -> Vec<Result<Reply, StoreError>> {
     }
     replies
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(StoreError::Backend {
-                    source: "the server returned no outcome for a request".into(),
-                })
-            })
-        })
+        .map(|r| r.unwrap_or_else(|| Err(no_outcome())))
         .collect()
 }

@@ -76,9 +76,12 @@
 //!   refuses are answered from that state with no statement of their own,
 //!   so the losers of a contended key cost nothing at the server.
 //!   Processes with their own stores still take the lock in turn, one
-//!   batch each. The price: a single write waits for a task hop, and the
-//!   SQL lives in server-side functions that [`PostgresStore::migrate`]
-//!   installs.
+//!   batch each. A write called while no other write of its store is
+//!   pending has nothing to batch with: its caller sends it, without the
+//!   hops to a committer and back, and a lone single-key write goes to
+//!   `write_one`, whose common cases (a put without leases) are one
+//!   statement returning one composite value. The price: the SQL lives
+//!   in server-side functions that [`PostgresStore::migrate`] installs.
 //! - **Revisions from a sequence, no store-wide lock** (k3s' kine on
 //!   PostgreSQL): every write takes `nextval` and commits on its own, so
 //!   writes of different keys never wait for each other. But commits then

@@ -48,8 +48,8 @@ pub(super) struct Reads {
     direct: usize,
 }
 
-/// Counts one pending get while it lives.
-struct Pending<'a>(&'a AtomicUsize);
+/// Counts one pending call (a get, or a store's write) while it lives.
+pub(super) struct Pending<'a>(pub(super) &'a AtomicUsize);
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {

@@ -1,4 +1,5 @@
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{NoTls, Row, Socket};
 
 use super::batch::{self, Queue, Reply, Request};
-use super::reads::Reads;
+use super::reads::{Pending, Reads};
 use super::sql::Sql;
 use super::tasks;
 use crate::occ::Version;
@@ -133,6 +134,8 @@ pub(crate) struct Shared {
     /// Where writes queue for the committers; dropping it (with the last
     /// store handle) ends them once they have answered what they hold.
     queue: Queue,
+    /// Writes called and not yet answered (or given up).
+    writes: AtomicUsize,
     /// Where gets go; dropping it ends the reader tasks.
     reads: Reads,
     /// The listener and the reaper, stopped on drop.
@@ -495,6 +498,7 @@ impl PostgresStore {
             history: options.history.max(1),
             poll,
             queue,
+            writes: AtomicUsize::new(0),
             tasks: std::sync::Mutex::new(Vec::new()),
         });
         let store = Self { pool, shared };
@@ -542,7 +546,8 @@ impl PostgresStore {
         &self.shared.sql
     }
 
-    /// Queues one request for the committers and waits for its outcome.
+    /// Sends one request (itself if no other write is pending, else
+    /// through the committers) and waits for its outcome.
     async fn submit(
         &self,
         compares: Vec<Compare>,
@@ -561,6 +566,15 @@ impl PostgresStore {
             single,
             reply,
         };
+        // With no other write of this store pending there is nothing to
+        // batch with: the caller sends it, sparing the hops to a committer
+        // and back. A write called meanwhile queues, so batches still form
+        // under load.
+        let alone = self.shared.writes.fetch_add(1, Ordering::AcqRel) == 0;
+        let _pending = Pending(&self.shared.writes);
+        if alone {
+            return batch::run_alone(&self.pool, self.sql(), request).await;
+        }
         self.shared
             .queue
             .send(request)
