@@ -57,7 +57,10 @@ pub fn note() -> String {
          equivalent: a calm write on PostgreSQL also takes the store-wide revision, which \
          serialises writers as etcd's are, appends a watch event and notifies watchers. etcd's \
          model is calm's, so there the ratio is calm's own overhead. On a 2-core VM the servers, \
-         the clients and the bench share both cores."
+         the clients and the bench share both cores. The PostgreSQL server of these rows runs \
+         without `fsync` (as the tests' server does), which leaves each side's CPU cost bare; the \
+         rows \"PostgreSQL with fsync on\" run on a second server configured as production ones \
+         are, every commit waiting for the disk."
     )
 }
 
