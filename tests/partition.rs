@@ -210,13 +210,15 @@ proptest! {
     }
 
     /// `run` futures dropped after their first poll (the work accepted,
-    /// and started if the key was idle) beside awaited runs and queued
-    /// submissions: every piece still runs exactly once, each submitter's
-    /// work for a key in its order, never two pieces of one key at once,
-    /// and nothing is left behind.
+    /// and started if the key was idle) or after a few polls with yields
+    /// between (waiting for the key's turn, handed it, or midway through
+    /// the work) beside awaited runs and queued submissions: every piece
+    /// still runs exactly once, each submitter's work for a key in its
+    /// order, never two pieces of one key at once, and nothing is left
+    /// behind.
     #[test]
     fn dropped_runs_still_finish_in_order(
-        plans in vec(vec((0..3usize, 0..3u8, 0..4u8), 1..30), 2..5),
+        plans in vec(vec((0..3usize, 0..4u8, 0..4u8), 1..30), 2..5),
     ) {
         let rt = runtime();
         let probe = Probe::new(3);
@@ -236,13 +238,26 @@ proptest! {
                         match how {
                             0 => assert_eq!(serial.run(key, work).await, Ok(ticket)),
                             1 => queued.push(serial.submit(key, work).await.expect("open")),
-                            _ => {
+                            2 => {
                                 let mut run = std::pin::pin!(serial.run(key, work));
                                 std::future::poll_fn(|cx| {
                                     let _ = run.as_mut().poll(cx);
                                     std::task::Poll::Ready(())
                                 })
                                 .await;
+                            }
+                            _ => {
+                                let mut run = std::pin::pin!(serial.run(key, work));
+                                for _ in 0..=yields {
+                                    let ready = std::future::poll_fn(|cx| {
+                                        std::task::Poll::Ready(run.as_mut().poll(cx).is_ready())
+                                    })
+                                    .await;
+                                    if ready {
+                                        break;
+                                    }
+                                    tokio::task::yield_now().await;
+                                }
                             }
                         }
                     }

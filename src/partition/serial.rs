@@ -31,6 +31,14 @@
 //! channel. If `run`'s future is dropped while its work is unfinished,
 //! the rest of the work is handed to a drain task, first in the queue.
 //!
+//! `run` on a busy key queues its work with a way back to its caller:
+//! when the work reaches the front, whoever pops it (the drain task, or
+//! the caller running the work before it inline) hands the key and the
+//! work to the waiting caller, which runs it inline as above, woken as a
+//! lock's next waiter would be, instead of by a task spawned at the back
+//! of the runtime's queue. If that caller has stopped waiting, the work
+//! runs where it was popped, in its place.
+//!
 //! ```text
 //! submit(a, w1)  map: {}              -> insert a: [w1], spawn drain(a)
 //! submit(a, w2)  map: {a: [w1]}       -> push:     a: [w1, w2]
@@ -41,7 +49,8 @@
 //!
 //! Invariant: a key has a partition in the map exactly while its drain
 //! task is alive (spawned and not finished) or work for it runs inline
-//! (a closure, or inside `run`'s future), and every piece of work in a
+//! (a closure, or inside `run`'s future, including one whose turn was
+//! handed to it and that has not yet resumed), and every piece of work in a
 //! partition's queue will be run or, if the runtime cancels the task,
 //! dropped with its [`Completion`] resolving to
 //! [`SerialError::Abandoned`].
@@ -63,9 +72,35 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use super::completion::{CatchUnwind, Outcome};
 use super::{Completion, Rejected, SerialError};
 
-/// A piece of accepted work, ready to run: it runs the user's work, catches
-/// its panic, and sends the outcome to the [`Completion`].
-type Job = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// Accepted work, ready to run: it runs the user's work, catches its
+/// panic, and sends the outcome to the [`Completion`].
+type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A queued piece of work.
+struct Job {
+    /// The work.
+    task: Task,
+    /// For [`SerialExecutor::run`] on a busy key: its caller, waiting to
+    /// run the work itself when its turn comes.
+    caller: Option<oneshot::Sender<Task>>,
+}
+
+impl Job {
+    /// A job nobody waits to run.
+    fn of(task: Task) -> Self {
+        Self { task, caller: None }
+    }
+
+    /// Hands the job and its key's turn to its waiting caller (`None`),
+    /// or returns the work to run here (no caller, or one that stopped
+    /// waiting).
+    fn dispatch(self) -> Option<Task> {
+        match self.caller {
+            Some(caller) => caller.send(self.task).err(),
+            None => Some(self.task),
+        }
+    }
+}
 
 /// How many pieces of work a drain task runs back to back before it
 /// yields to the runtime. Synchronous work never returns `Pending`, so
@@ -346,6 +381,8 @@ trait Work: Send + 'static {
 struct AsyncWork<F: Future> {
     work: F,
     tx: oneshot::Sender<Outcome<F::Output>>,
+    /// Its caller, if it waits to run the work itself at its turn.
+    caller: Option<oneshot::Sender<Task>>,
 }
 
 impl<F> Work for AsyncWork<F>
@@ -356,8 +393,8 @@ where
     type Inner = F;
 
     fn into_job(self) -> Job {
-        let AsyncWork { work, tx } = self;
-        Box::pin(async move {
+        let AsyncWork { work, tx, caller } = self;
+        let task = Box::pin(async move {
             let work = std::pin::pin!(work);
             let outcome = CatchUnwind(work)
                 .await
@@ -365,7 +402,8 @@ where
             // The caller may have dropped its Completion: then the output
             // is dropped here, which is what dropping it means.
             let _ = tx.send(outcome);
-        })
+        });
+        Job { task, caller }
     }
 
     fn into_inner(self) -> F {
@@ -388,9 +426,9 @@ where
 
     fn into_job(self) -> Job {
         let FnWork { work, tx } = self;
-        Box::pin(async move {
+        Job::of(Box::pin(async move {
             let _ = tx.send(call(work));
-        })
+        }))
     }
 
     fn into_inner(self) -> G {
@@ -481,7 +519,17 @@ where
         F::Output: Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        match self.push_waiting(key, AsyncWork { work, tx }).await {
+        match self
+            .push_waiting(
+                key,
+                AsyncWork {
+                    work,
+                    tx,
+                    caller: None,
+                },
+            )
+            .await
+        {
             Ok(()) => Ok(Completion::new(rx)),
             Err((error, work)) => Err(Rejected::new(error, work.into_inner())),
         }
@@ -531,7 +579,15 @@ where
         F::Output: Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        match self.push(&key, AsyncWork { work, tx }, None) {
+        match self.push(
+            &key,
+            AsyncWork {
+                work,
+                tx,
+                caller: None,
+            },
+            None,
+        ) {
             Ok(()) => Ok(Completion::new(rx)),
             Err(Refusal::Full(work, _)) => Err(Rejected::new(
                 SerialError::Full {
@@ -647,8 +703,11 @@ where
     /// spawned and no channel carries the output. Work submitted for the
     /// key meanwhile queues behind it and is handed to a drain task when
     /// it ends. If `key` is busy, the work queues as with
-    /// [`submit`](Self::submit) (waiting for room if the queue is full)
-    /// and this waits for it. Order, exclusivity and panics are as for
+    /// [`submit`](Self::submit) (waiting for room if the queue is full),
+    /// and when its turn comes the key and the work are handed back to
+    /// this future, which runs it inline as above: the caller is woken as
+    /// a lock's next waiter would be, not by a task spawned behind
+    /// everything else runnable. Order, exclusivity and panics are as for
     /// `submit`.
     ///
     /// # Errors
@@ -666,8 +725,9 @@ where
     /// it also starts), the work still runs to its end in its place in
     /// the key's order, on a task of its own, and its output is dropped.
     /// Dropped before that, the work is dropped unrun. Work running inline
-    /// advances only while this future is polled: hold the future without
-    /// polling it and the key waits, as it would for a held lock guard.
+    /// (on an idle key, or on a busy one once its turn has come) advances
+    /// only while this future is polled: hold the future without polling
+    /// it and the key waits, as it would for a held lock guard.
     ///
     /// # Examples
     ///
@@ -705,10 +765,34 @@ where
             }
             .await;
         }
-        match self.submit(key, work).await {
-            Ok(done) => done.await,
-            Err(refused) => Err(refused.into_parts().0),
+        // Busy: queue the work, then wait for the key's turn to be handed
+        // here with it, and run it inline.
+        let (tx, rx) = oneshot::channel();
+        let (caller, turn) = oneshot::channel();
+        let queued = AsyncWork {
+            work,
+            tx,
+            caller: Some(caller),
+        };
+        if let Err((error, _)) = self.push_waiting(key.clone(), queued).await {
+            return Err(error);
         }
+        let Ok(runtime) = Handle::try_current() else {
+            // Unreachable: the push above needed a runtime for the key.
+            return Completion::new(rx).await;
+        };
+        let waiting = Turn(Some(Waiting {
+            turn,
+            shared: self.shared.clone(),
+            key,
+            runtime,
+        }));
+        if let Some(inline) = waiting.await {
+            // The task catches the work's panic and sends the outcome to
+            // `rx`; an error here is only from dropping the finished work.
+            inline.await?;
+        }
+        Completion::new(rx).await
     }
 
     /// Stops accepting work: every later submission, and every one waiting
@@ -1011,13 +1095,20 @@ impl<K: Eq + Hash> Shared<K> {
 
 /// Ends work run by the caller that [claimed](SerialExecutor::claim)
 /// `key`: starts a drain task with `first` (the rest of that work), or
-/// with whatever queued meanwhile, or else removes the key's partition.
-fn hand_off<K>(shared: &Arc<Shared<K>>, key: &K, runtime: &Handle, first: Option<Job>)
+/// hands the key to the next job's waiting caller, or starts a drain task
+/// with the next job, or else removes the key's partition.
+fn hand_off<K>(shared: &Arc<Shared<K>>, key: &K, runtime: &Handle, first: Option<Task>)
 where
     K: Eq + Hash + Clone + Send + 'static,
 {
-    let Some(next) = first.or_else(|| shared.next_job(key)) else {
-        return;
+    let next = match first {
+        Some(task) => task,
+        None => match shared.next_job(key).map(Job::dispatch) {
+            Some(Some(task)) => task,
+            // Empty (the partition is gone), or handed to its caller with
+            // the key.
+            None | Some(None) => return,
+        },
     };
     let drain = Drain {
         shared: shared.clone(),
@@ -1089,10 +1180,75 @@ where
         // The caller stopped waiting mid-run: the rest of the work runs on
         // a drain task, ahead of whatever queued behind it.
         if let Some(work) = self.work.take() {
-            let rest: Job = Box::pin(async move {
+            let rest: Task = Box::pin(async move {
                 let _ = CatchUnwind(work).await;
             });
             hand_off(&self.shared, &self.key, &self.runtime, Some(rest));
+        }
+    }
+}
+
+/// [`SerialExecutor::run`]'s wait for its key's turn, its work queued:
+/// resolves to the work to run inline, the key now held for it, or to
+/// `None` if the work was dropped unrun (its runtime shut down).
+struct Turn<K: Eq + Hash + Clone + Send + 'static>(Option<Waiting<K>>);
+
+/// What [`Turn`] holds until it resolves.
+struct Waiting<K> {
+    /// Where the work comes back, with the key, at its turn.
+    turn: oneshot::Receiver<Task>,
+    /// The executor's state.
+    shared: Arc<Shared<K>>,
+    /// The key waited for.
+    key: K,
+    /// Where a drain task goes, if one is needed afterwards.
+    runtime: Handle,
+}
+
+// Nothing in it is pinned in place (the receiver is polled through its
+// own `Unpin`).
+impl<K: Eq + Hash + Clone + Send + 'static> Unpin for Turn<K> {}
+
+impl<K: Eq + Hash + Clone + Send + 'static> Future for Turn<K> {
+    type Output = Option<Inline<K, ()>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(waiting) = &mut this.0 else {
+            return Poll::Ready(None);
+        };
+        let handed = match Pin::new(&mut waiting.turn).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(handed) => handed.ok(),
+        };
+        let Some(Waiting {
+            shared,
+            key,
+            runtime,
+            ..
+        }) = this.0.take()
+        else {
+            return Poll::Ready(None);
+        };
+        Poll::Ready(handed.map(|task| Inline {
+            shared,
+            key,
+            runtime,
+            work: Some(task),
+        }))
+    }
+}
+
+impl<K: Eq + Hash + Clone + Send + 'static> Drop for Turn<K> {
+    fn drop(&mut self) {
+        // The caller stopped waiting. Closing first settles the race with
+        // a hand-over: one that came before is received here, one after
+        // fails and runs the work where it was popped.
+        if let Some(mut waiting) = self.0.take() {
+            waiting.turn.close();
+            if let Ok(task) = waiting.turn.try_recv() {
+                hand_off(&waiting.shared, &waiting.key, &waiting.runtime, Some(task));
+            }
         }
     }
 }
@@ -1116,12 +1272,27 @@ struct Drain<K: Eq + Hash> {
 }
 
 impl<K: Eq + Hash> Drain<K> {
-    /// Runs `first` (a job already popped), then the key's work one piece
-    /// at a time until its queue is empty, then removes its partition.
-    async fn run(mut self, first: Option<Job>) {
+    /// Runs `first` (work already popped), then the key's work one piece
+    /// at a time until its queue is empty, then removes its partition; or
+    /// ends early, handing the key to a piece's waiting caller.
+    async fn run(mut self, first: Option<Task>) {
         let mut since_yield = 0;
         let mut next = first;
-        while let Some(job) = next.take().or_else(|| self.next_job()) {
+        loop {
+            let job = match next.take() {
+                Some(task) => task,
+                None => match self.next_job() {
+                    None => return,
+                    Some(job) => match job.dispatch() {
+                        Some(task) => task,
+                        None => {
+                            // The caller holds the key now.
+                            self.armed = false;
+                            return;
+                        }
+                    },
+                },
+            };
             // Panics in the work are caught inside the job and reported to
             // its Completion; this outer guard only catches one from
             // dropping the work's state after it finished, which must not
