@@ -178,16 +178,28 @@ struct Labels {
     watch_peer: &'static str,
 }
 
-fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
+/// calm's store on `server`, and the labels of its rows against raw
+/// tokio-postgres.
+fn postgres_side(
+    rt: &Runtime,
+    server: &PostgresServer,
+    backend: &'static str,
+    workload: &'static str,
+) -> (PostgresStore, Labels) {
     let store = connect(rt, || {
         PostgresStore::connect_with(PostgresOptions::new(server.url()).with_schema("bench"))
     });
     let labels = Labels {
-        backend: "PostgreSQL",
-        workload: "PostgreSQL, 64 B values",
+        backend,
+        workload,
         peer: "raw tokio-postgres",
         watch_peer: "bare LISTEN/NOTIFY",
     };
+    (store, labels)
+}
+
+fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<ScalePoint>)) {
+    let (store, labels) = postgres_side(rt, server, "PostgreSQL", "PostgreSQL, 64 B values");
     let calm = CalmWorker::many(&store, MAX_TASKS);
     let raw = postgres::RawWorker::many(rt, server.url(), MAX_TASKS);
     scaling(rt, &labels, calm, raw, out);
@@ -200,15 +212,12 @@ fn on_postgres(rt: &Runtime, server: &PostgresServer, out: &mut (Vec<Row>, Vec<S
 /// servers' do (the scaling rows run without `fsync`, which leaves the
 /// CPU cost of each side bare): one task's latency, and 16 tasks.
 fn on_durable_postgres(rt: &Runtime, server: &PostgresServer, rows: &mut Vec<Row>) {
-    let store = connect(rt, || {
-        PostgresStore::connect_with(PostgresOptions::new(server.url()).with_schema("bench"))
-    });
-    let labels = Labels {
-        backend: "PostgreSQL (fsync on)",
-        workload: "PostgreSQL with fsync on, 64 B values",
-        peer: "raw tokio-postgres",
-        watch_peer: "bare LISTEN/NOTIFY",
-    };
+    let (store, labels) = postgres_side(
+        rt,
+        server,
+        "PostgreSQL (fsync on)",
+        "PostgreSQL with fsync on, 64 B values",
+    );
     let mut calm = preload(rt, CalmWorker::many(&store, DURABLE_TASKS));
     let mut raw = preload(
         rt,
@@ -226,17 +235,9 @@ fn on_durable_postgres(rt: &Runtime, server: &PostgresServer, rows: &mut Vec<Row
                 b.rate,
                 Figure::Time(b.p50)
             );
-            let plural = if tasks == 1 { "" } else { "s" };
-            let metric = format!("{}, {tasks} task{plural}, 1/throughput", op.name());
-            rows.push(throughput_row(&labels, metric, a, b, true));
+            rows.push(tasks_row(&labels, op, tasks, a, b));
             if tasks == 1 {
-                let metric = format!("{}, 1 task: latency p50", op.name());
-                rows.push(time_row(
-                    labels.workload,
-                    &metric,
-                    labels.peer,
-                    (a.p50, b.p50),
-                ));
+                rows.push(latency_row(&labels, op, a, b));
             }
         }
     }
@@ -262,6 +263,19 @@ fn on_etcd(rt: &Runtime, server: &EtcdServer, out: &mut (Vec<Row>, Vec<ScalePoin
     let mut calm = CalmProbe::start(rt, &store);
     let mut raw = etcd::RawProbe::start(rt, &client);
     watch(rt, &labels, &mut calm, &mut raw, &mut out.0);
+}
+
+/// The `1/throughput` row of `op` at `tasks` tasks.
+fn tasks_row(labels: &Labels, op: Op, tasks: usize, a: Summary, b: Summary) -> Row {
+    let plural = if tasks == 1 { "" } else { "s" };
+    let metric = format!("{}, {tasks} task{plural}, 1/throughput", op.name());
+    throughput_row(labels, metric, a, b, true)
+}
+
+/// The latency row of `op` at one task.
+fn latency_row(labels: &Labels, op: Op, a: Summary, b: Summary) -> Row {
+    let metric = format!("{}, 1 task: latency p50", op.name());
+    time_row(labels.workload, &metric, labels.peer, (a.p50, b.p50))
 }
 
 /// A throughput row: wall time per counted operation of each side.
@@ -313,18 +327,10 @@ fn scaling<A: Worker, B: Worker>(
     }
     for op in OPS {
         for &(_, tasks, a, b) in results.iter().filter(|r| r.0 == op) {
-            let plural = if tasks == 1 { "" } else { "s" };
-            let metric = format!("{}, {tasks} task{plural}, 1/throughput", op.name());
-            rows.push(throughput_row(labels, metric, a, b, true));
+            rows.push(tasks_row(labels, op, tasks, a, b));
         }
         if let Some(&(_, _, a, b)) = results.iter().find(|r| r.0 == op && r.1 == 1) {
-            let metric = format!("{}, 1 task: latency p50", op.name());
-            rows.push(time_row(
-                labels.workload,
-                &metric,
-                labels.peer,
-                (a.p50, b.p50),
-            ));
+            rows.push(latency_row(labels, op, a, b));
         }
     }
     let (a, b) = interleaved(rt, &mut calm, &mut raw, MAX_TASKS, Op::ContendedCas);
