@@ -443,6 +443,62 @@ pub(crate) mod postgres {
         panic!("cannot connect to PostgreSQL: {last:?}");
     }
 
+    /// A store holds no `LISTEN` session until it has a watch (an open
+    /// one costs every notifying write server CPU); its first watch gets
+    /// one and is woken by the next commit at once, not by its one-second
+    /// poll.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn listens_only_while_it_has_a_watch() {
+        use calm::store::{KeySpan, PutOptions, Store, Watch};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let store = connect(PostgresOptions::new(server.url()).with_schema("lazy")).await;
+        let (client, connection) = tokio_postgres::connect(server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("a connection");
+        tokio::spawn(connection);
+        let listening = async || -> i64 {
+            let sql = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN calm_lazy'";
+            client
+                .query_one(sql, &[])
+                .await
+                .expect("pg_stat_activity")
+                .get(0)
+        };
+        let first = store.put(b"k", b"0", PutOptions::new()).await.unwrap();
+        assert!(first.committed().is_some());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(listening().await, 0, "no watch, no LISTEN");
+        for round in 1..=3 {
+            let mut watch = store
+                .watch(KeySpan::Key(b"k".to_vec()), calm::occ::Version::ZERO)
+                .await
+                .unwrap();
+            // The watch reads, finds nothing new, and waits; then the put.
+            let waiter = tokio::spawn(async move {
+                let event = watch.next().await;
+                (event, std::time::Instant::now())
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let value = format!("{round}").into_bytes();
+            let sent = std::time::Instant::now();
+            let put = store.put(b"k", &value, PutOptions::new()).await.unwrap();
+            assert!(put.committed().is_some());
+            let (event, arrived) = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the event arrives")
+                .unwrap();
+            assert_eq!(event.unwrap().kv.value, value);
+            let waited = arrived - sent;
+            assert!(
+                waited < Duration::from_millis(500),
+                "woken by NOTIFY, not the poll: {waited:?}"
+            );
+            assert_eq!(listening().await, 1, "a watch listens");
+        }
+    }
+
     /// A store on a pool the user built (`from_pool`) passes every
     /// conformance check, its watches polling instead of listening.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use tokio_postgres::{NoTls, Row, Socket};
 use super::batch::{self, Queue, Reply, Request};
 use super::reads::{Pending, Reads};
 use super::sql::Sql;
-use super::tasks;
+use super::tasks::{self, ListenState};
 use crate::occ::Version;
 use crate::store::{
     BoxError, Compare, EventKind, Expect, History, KeySpan, KeyValue, LeaseGrant, LeaseId,
@@ -148,7 +148,7 @@ struct Listening {
     /// [`tasks::LISTEN_IDLE`] after the last ends.
     wanted: watch::Sender<usize>,
     /// Whether `LISTEN` is in effect.
-    active: watch::Receiver<bool>,
+    state: watch::Receiver<ListenState>,
 }
 
 /// Counts one watch in [`Listening::wanted`] until dropped.
@@ -163,7 +163,8 @@ impl Drop for Listener {
 }
 
 /// How long a new watch waits for the `LISTEN` to be in effect before it
-/// reads (past that it reads anyway, and polls until notifications come).
+/// reads (past that, or at once while the listener is failing, it reads
+/// anyway, and polls until notifications come).
 const LISTEN_WAIT: Duration = Duration::from_secs(1);
 
 impl Drop for Shared {
@@ -428,18 +429,18 @@ impl PostgresStore {
                 endpoint: options.url.clone(),
                 source: Box::new(e),
             })?;
-        let (active, active_rx) = watch::channel(false);
+        let (state, state_rx) = watch::channel(ListenState::Off);
         let (wanted, wanted_rx) = watch::channel(0);
         let listening = Listening {
             wanted,
-            active: active_rx,
+            state: state_rx,
         };
         let store = Self::start(pool, &options, Duration::from_secs(1), Some(listening)).await?;
         let listener = tokio::spawn(tasks::listen(
             config,
             tls,
             Arc::downgrade(&store.shared),
-            active,
+            state,
             wanted_rx,
         ));
         if let Ok(mut tasks) = store.shared.tasks.lock() {
@@ -748,11 +749,13 @@ impl Store for PostgresStore {
         // wakes this watch.
         let listener = self.shared.listening.as_ref().map(|l| {
             l.wanted.send_modify(|n| *n += 1);
-            (Listener(Arc::downgrade(&self.shared)), l.active.clone())
+            (Listener(Arc::downgrade(&self.shared)), l.state.clone())
         });
         let listener = match listener {
-            Some((guard, mut active)) => {
-                let _ = tokio::time::timeout(LISTEN_WAIT, active.wait_for(|a| *a)).await;
+            Some((guard, mut state)) => {
+                // Unless the listener is failing (then this watch polls).
+                let settled = state.wait_for(|s| *s != ListenState::Off);
+                let _ = tokio::time::timeout(LISTEN_WAIT, settled).await;
                 Some(guard)
             }
             None => None,

@@ -18,8 +18,20 @@ use super::store::{Shared, compact, marks, query};
 /// `UNLISTEN` are a round trip each).
 pub(super) const LISTEN_IDLE: Duration = Duration::from_secs(10);
 
+/// Where the listener stands, for a new watch deciding whether to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ListenState {
+    /// Not listening: no watch wants it, or it is being set up.
+    Off,
+    /// `LISTEN` is in effect.
+    On,
+    /// The last attempt failed; retrying (a new watch need not wait: it
+    /// polls meanwhile).
+    Failing,
+}
+
 /// Holds a `LISTEN` connection while the store has watches (`wanted`
-/// above zero), telling them through `active` when it is in effect, and
+/// above zero), telling them through `state` when it is in effect, and
 /// wakes them on notifications; reconnects after failures (watches
 /// re-read every second meanwhile).
 ///
@@ -30,7 +42,7 @@ pub(super) async fn listen<T>(
     config: tokio_postgres::Config,
     tls: T,
     shared: Weak<Shared>,
-    active: watch::Sender<bool>,
+    state: watch::Sender<ListenState>,
     mut wanted: watch::Receiver<usize>,
 ) where
     T: MakeTlsConnect<Socket> + Clone,
@@ -44,6 +56,9 @@ pub(super) async fn listen<T>(
             return;
         };
         let connected = config.connect(tls.clone()).await;
+        if connected.is_err() {
+            state.send_replace(ListenState::Failing);
+        }
         if let Err(_e) = &connected {
             crate::trace::info!(
                 error = _e as &(dyn std::error::Error + 'static),
@@ -75,9 +90,10 @@ pub(super) async fn listen<T>(
                         .await
                         .is_err()
                     {
+                        state.send_replace(ListenState::Failing);
                         return;
                     }
-                    active.send_replace(true);
+                    state.send_replace(ListenState::On);
                     // Until no watch has lived for LISTEN_IDLE.
                     loop {
                         if wanted.wait_for(|n| *n == 0).await.is_err() {
@@ -89,7 +105,7 @@ pub(super) async fn listen<T>(
                             Ok(Ok(_)) => {}
                         }
                     }
-                    active.send_replace(false);
+                    state.send_replace(ListenState::Off);
                     if client
                         .batch_execute(&format!("UNLISTEN {channel}"))
                         .await
@@ -104,7 +120,14 @@ pub(super) async fn listen<T>(
                 () = control => {}
             }
         }
-        active.send_replace(false);
+        // A connection lost while listening: retrying, watches poll.
+        state.send_if_modified(|s| {
+            let on = *s == ListenState::On;
+            if on {
+                *s = ListenState::Failing;
+            }
+            on
+        });
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
