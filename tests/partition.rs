@@ -862,6 +862,52 @@ fn no_runtime_refuses_and_hands_back() {
     assert_eq!(serial.active_keys(), 0);
 }
 
+/// Polls `f` to its end on this thread, outside any runtime.
+fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// `run` polled outside any runtime, on a key a runtime keeps busy: its
+/// work queues for the key's drain task, and its output comes back.
+#[test]
+fn run_outside_a_runtime_on_a_busy_key_still_runs() {
+    let rt = runtime();
+    let serial = SerialExecutor::new();
+    let (open, gate) = oneshot::channel::<()>();
+    let busy = rt
+        .block_on(serial.submit(1u8, async move {
+            let _ = gate.await;
+            1
+        }))
+        .expect("accepted");
+    let (done, ran) = std::sync::mpsc::channel();
+    let outside = serial.clone();
+    std::thread::spawn(move || {
+        let _ = done.send(block_on(outside.run(1u8, async { 2 })));
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    open.send(()).expect("the gate is awaited");
+    let ran = ran
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the run outside the runtime finished");
+    assert_eq!(ran, Ok(2));
+    assert_eq!(rt.block_on(busy), Ok(1));
+}
+
 /// A zero capacity is a caller bug, refused loudly.
 #[test]
 #[should_panic(expected = "queue capacity must be between 1")]

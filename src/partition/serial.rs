@@ -765,6 +765,14 @@ where
             }
             .await;
         }
+        let Ok(runtime) = Handle::try_current() else {
+            // No runtime here to hand a drain task to afterwards: the work
+            // queues for the key's drain task (or is refused).
+            return match self.submit(key, work).await {
+                Ok(done) => done.await,
+                Err(refused) => Err(refused.into_parts().0),
+            };
+        };
         // Busy: queue the work, then wait for the key's turn to be handed
         // here with it, and run it inline.
         let (tx, rx) = oneshot::channel();
@@ -777,10 +785,6 @@ where
         if let Err((error, _)) = self.push_waiting(key.clone(), queued).await {
             return Err(error);
         }
-        let Ok(runtime) = Handle::try_current() else {
-            // Unreachable: the push above needed a runtime for the key.
-            return Completion::new(rx).await;
-        };
         let waiting = Turn(Some(Waiting {
             turn,
             shared: self.shared.clone(),
