@@ -679,6 +679,48 @@ async fn dropped_completion_still_runs() {
     assert_eq!(serial.active_keys(), 0);
 }
 
+/// `idle` waiters on other threads return once the keys drain, whichever
+/// thread empties the last shard: no wake-up is lost between a waiter's
+/// look at the shards and its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_waiters_wake_when_keys_drain_elsewhere() {
+    for _ in 0..50 {
+        let serial = SerialExecutor::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for i in 0..200_u32 {
+            let ran = ran.clone();
+            drop(
+                serial
+                    .submit(i % 40, async move {
+                        for _ in 0..3 {
+                            tokio::task::yield_now().await;
+                        }
+                        ran.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .await
+                    .expect("accepted"),
+            );
+        }
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let serial = serial.clone();
+                tokio::spawn(async move {
+                    serial.idle().await;
+                    serial.active_keys()
+                })
+            })
+            .collect();
+        for waiter in waiters {
+            let left = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("idle returned once the keys drained")
+                .expect("the waiter did not panic");
+            assert_eq!(left, 0);
+        }
+        assert_eq!(ran.load(Ordering::Relaxed), 200);
+    }
+}
+
 /// Submitters waiting for room when the executor closes are refused with
 /// `Closed` and get their work back; the accepted work still drains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

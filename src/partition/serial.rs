@@ -59,7 +59,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -255,15 +255,18 @@ pub struct SerialExecutor<K> {
 struct Shared<K> {
     /// The busy keys, by shard of their hash.
     shards: Box<[Shard<K>]>,
-    /// Picks a key's shard.
-    hasher: BuildHasherDefault<ShardHasher>,
-    /// Busy keys in all shards: raised when a partition is inserted and
-    /// lowered when one is removed, each under its shard's lock.
-    active: AtomicUsize,
+    /// Hashes each key once per submission (SipHash with a random key:
+    /// keys chosen to collide cannot degrade a shard's map).
+    hasher: RandomState,
+    /// How many [`SerialExecutor::idle`] calls are waiting. Only while
+    /// some are does a shard that empties wake them, so busy keys are
+    /// counted by nothing but their shards' maps: no counter shared by
+    /// every submission.
+    idlers: AtomicUsize,
     /// Set by `close` before it closes each shard.
     closed: AtomicBool,
-    /// Woken (all waiters) whenever the last busy key leaves, for
-    /// [`SerialExecutor::idle`] and [`SerialExecutor::shutdown`].
+    /// Woken (all waiters) when a shard's last busy key leaves while
+    /// [`SerialExecutor::idle`] (or [`SerialExecutor::shutdown`]) waits.
     emptied: Notify,
     /// The per-key queue capacity, at least 1.
     capacity: usize,
@@ -278,7 +281,7 @@ struct Shard<K>(Mutex<State<K>>);
 struct State<K> {
     /// One partition per busy key of the shard. A key is here exactly
     /// while its drain task is alive.
-    partitions: HashMap<K, Partition>,
+    partitions: HashMap<Keyed<K>, Partition, BuildHasherDefault<Hashed>>,
     /// Set once by `close`; no partition is created or pushed to after.
     closed: bool,
 }
@@ -460,13 +463,13 @@ where
                 shards: (0..SHARDS)
                     .map(|_| {
                         Shard(Mutex::new(State {
-                            partitions: HashMap::new(),
+                            partitions: HashMap::default(),
                             closed: false,
                         }))
                     })
                     .collect(),
-                hasher: BuildHasherDefault::default(),
-                active: AtomicUsize::new(0),
+                hasher: RandomState::new(),
+                idlers: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 emptied: Notify::new(),
                 // `with_queue_capacity` refuses these, but the field is
@@ -521,7 +524,7 @@ where
         let (tx, rx) = oneshot::channel();
         match self
             .push_waiting(
-                key,
+                self.shared.keyed(key),
                 AsyncWork {
                     work,
                     tx,
@@ -580,7 +583,7 @@ where
     {
         let (tx, rx) = oneshot::channel();
         match self.push(
-            &key,
+            &self.shared.keyed(key),
             AsyncWork {
                 work,
                 tx,
@@ -640,6 +643,7 @@ where
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        let key = self.shared.keyed(key);
         let work = match self.run_if_idle(&key, work) {
             Ok(done) => return Ok(done),
             Err(work) => work,
@@ -677,6 +681,7 @@ where
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        let key = self.shared.keyed(key);
         let work = match self.run_if_idle(&key, work) {
             Ok(done) => return Ok(done),
             Err(work) => work,
@@ -756,9 +761,10 @@ where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        let key = self.shared.keyed(key);
         if let Some(runtime) = self.claim(&key) {
             return Inline {
-                shared: self.shared.clone(),
+                shared: &self.shared,
                 key,
                 runtime,
                 work: Some(Box::pin(work)),
@@ -768,7 +774,7 @@ where
         let Ok(runtime) = Handle::try_current() else {
             // No runtime here to hand a drain task to afterwards: the work
             // queues for the key's drain task (or is refused).
-            return match self.submit(key, work).await {
+            return match self.submit(key.key, work).await {
                 Ok(done) => done.await,
                 Err(refused) => Err(refused.into_parts().0),
             };
@@ -787,7 +793,7 @@ where
         }
         let waiting = Turn(Some(Waiting {
             turn,
-            shared: self.shared.clone(),
+            shared: &self.shared,
             key,
             runtime,
         }));
@@ -897,13 +903,17 @@ where
     /// # }
     /// ```
     pub async fn idle(&self) {
+        // Counted before any shard is looked at: a shard that empties after
+        // the look below sees the count under the shard's lock, which the
+        // look took too, and wakes this waiter.
+        let _waiting = Idler::new(&self.shared.idlers);
         loop {
             let emptied = self.shared.emptied.notified();
             let mut emptied = std::pin::pin!(emptied);
             // Registered before the check, so an emptying between the
             // check and the await still wakes this waiter.
             emptied.as_mut().enable();
-            if self.shared.active.load(Ordering::Acquire) == 0 {
+            if self.shared.busy() == 0 {
                 return;
             }
             emptied.await;
@@ -912,8 +922,11 @@ where
 
     /// The number of keys with work queued or running (each has one drain
     /// task and one map entry; idle keys have neither).
+    ///
+    /// It counts shard by shard, each under its lock, so while keys keep
+    /// changing it is a snapshot of no single instant.
     pub fn active_keys(&self) -> usize {
-        self.shared.active.load(Ordering::Acquire)
+        self.shared.busy()
     }
 
     /// Whether [`close`](Self::close) or [`shutdown`](Self::shutdown) was
@@ -933,7 +946,7 @@ where
     /// drain task, or the partition removed. Hands the closure back if the
     /// key is busy, the executor closed or no runtime runs here (the
     /// caller's usual path then queues or refuses it).
-    fn run_if_idle<G, T>(&self, key: &K, work: G) -> Result<Completion<T>, G>
+    fn run_if_idle<G, T>(&self, key: &Keyed<K>, work: G) -> Result<Completion<T>, G>
     where
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
@@ -954,9 +967,9 @@ where
     /// behind that work. The caller must [`hand_off`] when the work ends.
     /// `None` if the key is busy, the executor closed, or no runtime runs
     /// here to drain what queues meanwhile.
-    fn claim(&self, key: &K) -> Option<Handle> {
+    fn claim(&self, key: &Keyed<K>) -> Option<Handle> {
         let runtime = Handle::try_current().ok()?;
-        let mut state = self.shared.lock(key);
+        let mut state = self.shared.lock(key.hash);
         if state.closed {
             return None;
         }
@@ -964,12 +977,15 @@ where
             return None;
         };
         idle.insert(Partition::new(None));
-        self.shared.active.fetch_add(1, Ordering::AcqRel);
         Some(runtime)
     }
 
     /// Pushes `work`, waiting for a place while the key's queue is full.
-    async fn push_waiting<W: Work>(&self, key: K, mut work: W) -> Result<(), (SerialError, W)> {
+    async fn push_waiting<W: Work>(
+        &self,
+        key: Keyed<K>,
+        mut work: W,
+    ) -> Result<(), (SerialError, W)> {
         let mut held = None;
         loop {
             match self.push(&key, work, held.take()) {
@@ -990,8 +1006,8 @@ where
     /// Pushes `work` to `key`'s queue if there is a place (or `held` is a
     /// place in the key's current queue), starting a drain task if the key
     /// was idle.
-    fn push<W: Work>(&self, key: &K, work: W, held: Option<Held>) -> Result<(), Refusal<W>> {
-        let mut state = self.shared.lock(key);
+    fn push<W: Work>(&self, key: &Keyed<K>, work: W, held: Option<Held>) -> Result<(), Refusal<W>> {
+        let mut state = self.shared.lock(key.hash);
         if state.closed {
             return Err(Refusal::Refused(SerialError::Closed, work));
         }
@@ -1015,7 +1031,6 @@ where
                 };
                 // The first job takes one of `capacity` places.
                 idle.insert(Partition::new(Some(work.into_job())));
-                self.shared.active.fetch_add(1, Ordering::AcqRel);
                 Some((runtime, drain))
             }
         };
@@ -1030,27 +1045,44 @@ where
     }
 }
 
-/// A fast multiply-rotate hash that only picks a key's shard: the shard's
-/// map hashes the key again with the standard library's keyed hasher, so
-/// keys chosen to collide here only share a lock, never degrade a map.
-#[derive(Default)]
-struct ShardHasher(u64);
+/// A key with its hash, computed once per submission: the hash picks the
+/// key's shard and, through [`Hashed`], its place in the shard's map, so a
+/// submission hashes its key once however many times it looks it up.
+#[derive(Clone)]
+struct Keyed<K> {
+    key: K,
+    hash: u64,
+}
 
-impl Hasher for ShardHasher {
+impl<K: PartialEq> PartialEq for Keyed<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Keyed<K> {}
+
+impl<K> Hash for Keyed<K> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The hasher of a shard's map: a [`Keyed`] key's hash, as it is (already
+/// SipHash of the key).
+#[derive(Default)]
+struct Hashed(u64);
+
+impl Hasher for Hashed {
     fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.write_u64(u64::from_le_bytes([
-                c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
-            ]));
-        }
-        for &b in chunks.remainder() {
-            self.write_u64(u64::from(b));
+        // Only `Keyed::hash` feeds this hasher, through `write_u64`.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
 
-    fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
     }
 
     fn finish(&self) -> u64 {
@@ -1059,26 +1091,60 @@ impl Hasher for ShardHasher {
 }
 
 impl<K: Hash> Shared<K> {
-    /// The lock of `key`'s shard.
-    fn lock(&self, key: &K) -> MutexGuard<'_, State<K>> {
-        // The high bits: the shard's map uses the low ones of its own hash.
-        let hash = self.hasher.hash_one(key);
+    /// `key` with its hash.
+    fn keyed(&self, key: K) -> Keyed<K> {
+        let hash = self.hasher.hash_one(&key);
+        Keyed { key, hash }
+    }
+}
+
+impl<K> Shared<K> {
+    /// The lock of the shard of a key of this hash.
+    fn lock(&self, hash: u64) -> MutexGuard<'_, State<K>> {
+        // The high bits: the shard's map places keys by the low ones.
         let shard = usize::try_from(hash >> 32).unwrap_or(0) % self.shards.len();
         lock(&self.shards[shard].0)
     }
 
-    /// Counts one partition removed (under its shard's lock); true if it
-    /// was the last busy key.
-    fn left(&self) -> bool {
-        self.active.fetch_sub(1, Ordering::AcqRel) == 1
+    /// After a partition was removed from `state` (its shard, still
+    /// locked): whether to wake [`SerialExecutor::idle`]'s waiters, because
+    /// the shard is now empty and some wait.
+    fn emptied(&self, state: &State<K>) -> bool {
+        state.partitions.is_empty() && self.idlers.load(Ordering::SeqCst) > 0
+    }
+}
+
+impl<K> Shared<K> {
+    /// Busy keys, shard by shard.
+    fn busy(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| lock(&s.0).partitions.len())
+            .sum()
+    }
+}
+
+/// Counts one waiting [`SerialExecutor::idle`] call while it lives.
+struct Idler<'a>(&'a AtomicUsize);
+
+impl<'a> Idler<'a> {
+    fn new(idlers: &'a AtomicUsize) -> Self {
+        idlers.fetch_add(1, Ordering::SeqCst);
+        Self(idlers)
+    }
+}
+
+impl Drop for Idler<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl<K: Eq + Hash> Shared<K> {
     /// Pops `key`'s next job, or, if its queue is empty, removes its
     /// partition (the caller was its drain).
-    fn next_job(&self, key: &K) -> Option<Job> {
-        let mut state = self.lock(key);
+    fn next_job(&self, key: &Keyed<K>) -> Option<Job> {
+        let mut state = self.lock(key.hash);
         let next = state.partitions.get_mut(key).and_then(Partition::pop);
         if next.is_some() {
             return next;
@@ -1087,7 +1153,7 @@ impl<K: Eq + Hash> Shared<K> {
         // saw this partition (and its job was popped above) or sees none
         // and starts a new drain task.
         let removed = state.partitions.remove(key);
-        let emptied = removed.is_some() && self.left();
+        let emptied = removed.is_some() && self.emptied(&state);
         drop(state);
         drop(removed);
         if emptied {
@@ -1101,7 +1167,7 @@ impl<K: Eq + Hash> Shared<K> {
 /// `key`: starts a drain task with `first` (the rest of that work), or
 /// hands the key to the next job's waiting caller, or starts a drain task
 /// with the next job, or else removes the key's partition.
-fn hand_off<K>(shared: &Arc<Shared<K>>, key: &K, runtime: &Handle, first: Option<Task>)
+fn hand_off<K>(shared: &Arc<Shared<K>>, key: &Keyed<K>, runtime: &Handle, first: Option<Task>)
 where
     K: Eq + Hash + Clone + Send + 'static,
 {
@@ -1126,35 +1192,42 @@ where
 
 /// Async work for a key claimed by [`SerialExecutor::run`], run inside the
 /// caller's future while the key's partition is held for it.
-struct Inline<K, T>
+///
+/// Generic over the work (`dyn` only for work handed over at its turn),
+/// so each poll of work on an idle key is a static call.
+struct Inline<'a, K, F>
 where
     K: Eq + Hash + Clone + Send + 'static,
-    T: Send + 'static,
+    F: Future + Send + ?Sized + 'static,
+    F::Output: Send + 'static,
 {
-    /// The executor's state.
-    shared: Arc<Shared<K>>,
+    /// The executor's state (borrowed, as `run`'s future borrows the
+    /// executor: no reference count shared by every call to bump).
+    shared: &'a Arc<Shared<K>>,
     /// The claimed key.
-    key: K,
+    key: Keyed<K>,
     /// Where the drain task goes, if one is needed afterwards.
     runtime: Handle,
     /// The work, until it has finished or been handed to a drain task.
-    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    work: Option<Pin<Box<F>>>,
 }
 
 // The work is boxed; nothing else is ever pinned in place.
-impl<K, T> Unpin for Inline<K, T>
+impl<K, F> Unpin for Inline<'_, K, F>
 where
     K: Eq + Hash + Clone + Send + 'static,
-    T: Send + 'static,
+    F: Future + Send + ?Sized + 'static,
+    F::Output: Send + 'static,
 {
 }
 
-impl<K, T> Future for Inline<K, T>
+impl<K, F> Future for Inline<'_, K, F>
 where
     K: Eq + Hash + Clone + Send + 'static,
-    T: Send + 'static,
+    F: Future + Send + ?Sized + 'static,
+    F::Output: Send + 'static,
 {
-    type Output = Result<T, SerialError>;
+    type Output = Result<F::Output, SerialError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -1170,15 +1243,16 @@ where
         // A panic dropping the finished work must not skip the hand-off.
         let finished = this.work.take();
         let _ = catch_unwind(AssertUnwindSafe(move || drop(finished)));
-        hand_off(&this.shared, &this.key, &this.runtime, None);
+        hand_off(this.shared, &this.key, &this.runtime, None);
         Poll::Ready(outcome)
     }
 }
 
-impl<K, T> Drop for Inline<K, T>
+impl<K, F> Drop for Inline<'_, K, F>
 where
     K: Eq + Hash + Clone + Send + 'static,
-    T: Send + 'static,
+    F: Future + Send + ?Sized + 'static,
+    F::Output: Send + 'static,
 {
     fn drop(&mut self) {
         // The caller stopped waiting mid-run: the rest of the work runs on
@@ -1187,7 +1261,7 @@ where
             let rest: Task = Box::pin(async move {
                 let _ = CatchUnwind(work).await;
             });
-            hand_off(&self.shared, &self.key, &self.runtime, Some(rest));
+            hand_off(self.shared, &self.key, &self.runtime, Some(rest));
         }
     }
 }
@@ -1195,26 +1269,26 @@ where
 /// [`SerialExecutor::run`]'s wait for its key's turn, its work queued:
 /// resolves to the work to run inline, the key now held for it, or to
 /// `None` if the work was dropped unrun (its runtime shut down).
-struct Turn<K: Eq + Hash + Clone + Send + 'static>(Option<Waiting<K>>);
+struct Turn<'a, K: Eq + Hash + Clone + Send + 'static>(Option<Waiting<'a, K>>);
 
 /// What [`Turn`] holds until it resolves.
-struct Waiting<K> {
+struct Waiting<'a, K> {
     /// Where the work comes back, with the key, at its turn.
     turn: oneshot::Receiver<Task>,
     /// The executor's state.
-    shared: Arc<Shared<K>>,
+    shared: &'a Arc<Shared<K>>,
     /// The key waited for.
-    key: K,
+    key: Keyed<K>,
     /// Where a drain task goes, if one is needed afterwards.
     runtime: Handle,
 }
 
 // Nothing in it is pinned in place (the receiver is polled through its
 // own `Unpin`).
-impl<K: Eq + Hash + Clone + Send + 'static> Unpin for Turn<K> {}
+impl<K: Eq + Hash + Clone + Send + 'static> Unpin for Turn<'_, K> {}
 
-impl<K: Eq + Hash + Clone + Send + 'static> Future for Turn<K> {
-    type Output = Option<Inline<K, ()>>;
+impl<'a, K: Eq + Hash + Clone + Send + 'static> Future for Turn<'a, K> {
+    type Output = Option<Inline<'a, K, dyn Future<Output = ()> + Send>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -1243,7 +1317,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Future for Turn<K> {
     }
 }
 
-impl<K: Eq + Hash + Clone + Send + 'static> Drop for Turn<K> {
+impl<K: Eq + Hash + Clone + Send + 'static> Drop for Turn<'_, K> {
     fn drop(&mut self) {
         // The caller stopped waiting. Closing first settles the race with
         // a hand-over: one that came before is received here, one after
@@ -1251,7 +1325,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> Drop for Turn<K> {
         if let Some(mut waiting) = self.0.take() {
             waiting.turn.close();
             if let Ok(task) = waiting.turn.try_recv() {
-                hand_off(&waiting.shared, &waiting.key, &waiting.runtime, Some(task));
+                hand_off(waiting.shared, &waiting.key, &waiting.runtime, Some(task));
             }
         }
     }
@@ -1270,7 +1344,7 @@ struct Drain<K: Eq + Hash> {
     /// The executor's state.
     shared: Arc<Shared<K>>,
     /// The key it drains; its partition exists while `armed`.
-    key: K,
+    key: Keyed<K>,
     /// Whether the partition still has to be removed by `drop`.
     armed: bool,
 }
@@ -1330,9 +1404,9 @@ impl<K: Eq + Hash> Drop for Drain<K> {
         // remove the partition so later submissions start afresh, and drop
         // its jobs (outside the lock: dropping runs the work's destructors)
         // so their Completions resolve to `Abandoned`.
-        let mut state = self.shared.lock(&self.key);
+        let mut state = self.shared.lock(self.key.hash);
         let removed = state.partitions.remove(&self.key);
-        let emptied = removed.is_some() && self.shared.left();
+        let emptied = removed.is_some() && self.shared.emptied(&state);
         drop(state);
         if let Some(partition) = removed {
             // Wakes submitters waiting for room in it; they retry.
@@ -1365,7 +1439,7 @@ where
 impl<K> fmt::Debug for SerialExecutor<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SerialExecutor")
-            .field("active_keys", &self.shared.active.load(Ordering::Acquire))
+            .field("active_keys", &self.shared.busy())
             .field("closed", &self.shared.closed.load(Ordering::Acquire))
             .field("queue_capacity", &self.shared.capacity)
             .finish()
