@@ -110,6 +110,11 @@ impl Job {
 /// while bounding how long other tasks wait.
 const RUNS_PER_YIELD: u32 = 32;
 
+/// How many times a closure waits for its key's inline closure to end
+/// (spinning 2, 4, ... 64 times) before it queues instead: about as long
+/// as a contended `std::sync::Mutex` spins before it sleeps.
+const BRIEF_WAITS: u32 = 6;
+
 /// How many shards the busy keys are split into: enough that a few
 /// threads on distinct keys seldom share a lock, few enough that an
 /// executor stays a few kilobytes.
@@ -299,14 +304,21 @@ struct Partition {
     /// when the executor closes or the partition is torn down, which wakes
     /// waiting submitters to look again.
     room: Option<Arc<Semaphore>>,
+    /// Whether the work running is a synchronous closure, inline on its
+    /// caller's thread: the key is free again within the closure's run,
+    /// so a closure submitted meanwhile waits a moment for it (as a
+    /// spinning lock would) rather than queue for a drain task.
+    brief: bool,
 }
 
 impl Partition {
-    /// A partition whose queue holds `first` (or nothing).
-    fn new(first: Option<Job>) -> Self {
+    /// A partition whose queue holds `first` (or nothing), its running
+    /// work a synchronous closure if `brief`.
+    fn new(first: Option<Job>, brief: bool) -> Self {
         Self {
             queue: first.into_iter().collect(),
             room: None,
+            brief,
         }
     }
 
@@ -337,9 +349,10 @@ impl Partition {
         }
     }
 
-    /// Pops the oldest job, freeing its place.
+    /// Pops the oldest job, freeing its place; the job runs next.
     fn pop(&mut self) -> Option<Job> {
         let job = self.queue.pop_front()?;
+        self.brief = false;
         if let Some(room) = &self.room {
             room.add_permits(1);
         }
@@ -352,6 +365,15 @@ impl Partition {
             room.close();
         }
     }
+}
+
+/// Why a key could not be claimed.
+enum Unclaimed {
+    /// A synchronous closure runs for it inline and nothing is queued: it
+    /// is free again in a moment.
+    Briefly,
+    /// Busy otherwise, closed, or no runtime here.
+    Otherwise,
 }
 
 /// Why a submission was not pushed.
@@ -762,7 +784,7 @@ where
         F::Output: Send + 'static,
     {
         let key = self.shared.keyed(key);
-        if let Some(runtime) = self.claim(&key) {
+        if let Ok(runtime) = self.claim(&key, false) {
             return Inline {
                 shared: &self.shared,
                 key,
@@ -951,8 +973,21 @@ where
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let Some(runtime) = self.claim(key) else {
-            return Err(work);
+        let mut waits = 0;
+        let runtime = loop {
+            match self.claim(key, true) {
+                Ok(runtime) => break runtime,
+                // The key's closure ends in a moment, and nothing queued
+                // behind it to keep the order of: wait for it, a little
+                // longer each time, before queueing for a drain task.
+                Err(Unclaimed::Briefly) if waits < BRIEF_WAITS => {
+                    waits += 1;
+                    for _ in 0..1 << waits {
+                        std::hint::spin_loop();
+                    }
+                }
+                Err(_) => return Err(work),
+            }
         };
         // `call` catches the closure's panic, so nothing unwinds between
         // the claim above and the hand-off below.
@@ -965,19 +1000,25 @@ where
     /// the key's partition with an empty queue (running work holds no
     /// place in it, as a popped job), so submissions made meanwhile queue
     /// behind that work. The caller must [`hand_off`] when the work ends.
-    /// `None` if the key is busy, the executor closed, or no runtime runs
-    /// here to drain what queues meanwhile.
-    fn claim(&self, key: &Keyed<K>) -> Option<Handle> {
-        let runtime = Handle::try_current().ok()?;
+    /// `brief` if that work is a synchronous closure. Refused if the key
+    /// is busy, the executor closed, or no runtime runs here to drain what
+    /// queues meanwhile.
+    fn claim(&self, key: &Keyed<K>, brief: bool) -> Result<Handle, Unclaimed> {
+        let runtime = Handle::try_current().map_err(|_| Unclaimed::Otherwise)?;
         let mut state = self.shared.lock(key.hash);
         if state.closed {
-            return None;
+            return Err(Unclaimed::Otherwise);
         }
-        let Entry::Vacant(idle) = state.partitions.entry(key.clone()) else {
-            return None;
-        };
-        idle.insert(Partition::new(None));
-        Some(runtime)
+        match state.partitions.entry(key.clone()) {
+            Entry::Vacant(idle) => {
+                idle.insert(Partition::new(None, brief));
+                Ok(runtime)
+            }
+            Entry::Occupied(busy) if busy.get().brief && busy.get().queue.is_empty() => {
+                Err(Unclaimed::Briefly)
+            }
+            Entry::Occupied(_) => Err(Unclaimed::Otherwise),
+        }
     }
 
     /// Pushes `work`, waiting for a place while the key's queue is full.
@@ -1030,7 +1071,7 @@ where
                     armed: true,
                 };
                 // The first job takes one of `capacity` places.
-                idle.insert(Partition::new(Some(work.into_job())));
+                idle.insert(Partition::new(Some(work.into_job()), false));
                 Some((runtime, drain))
             }
         };
