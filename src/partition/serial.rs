@@ -28,7 +28,12 @@
 //! running or queued before it), then pops what queued meanwhile and
 //! spawns a drain task for it, or removes the partition. Work on mostly
 //! idle keys then costs two short lock holds instead of a task and a
-//! channel. If `run`'s future is dropped while its work is unfinished,
+//! channel. A closure whose key is held by another closure running inline,
+//! with nothing queued behind it, waits a moment (a bounded spin, as a
+//! contended `std::sync::Mutex` does) and claims the key when it frees,
+//! rather than queue and make the key's next owner a drain task; it
+//! queues if the key stays held. Each submission hashes its key once: the
+//! hash picks the shard and is the key's hash in the shard's map. If `run`'s future is dropped while its work is unfinished,
 //! the rest of the work is handed to a drain task, first in the queue.
 //!
 //! `run` on a busy key queues its work with a way back to its caller:
