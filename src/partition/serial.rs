@@ -635,8 +635,10 @@ where
     /// The closure runs in `key`'s order, as with [`submit`](Self::submit):
     /// if the key is idle, at once on this thread, before this returns
     /// (the returned [`Completion`] is then ready); otherwise on the key's
-    /// drain task, on a runtime worker. It should be short and must not
-    /// block.
+    /// drain task, on a runtime worker. A key held only by another closure
+    /// running on another thread, with nothing queued, is waited for a
+    /// moment (a bounded spin) before this gives up on running inline. The
+    /// closure should be short and must not block.
     ///
     /// # Errors
     ///
@@ -683,8 +685,9 @@ where
     }
 
     /// Submits a synchronous closure for `key` if its queue has room,
-    /// without waiting. Like [`submit_fn`](Self::submit_fn), it runs the
-    /// closure at once, on this thread, if the key is idle.
+    /// without waiting for room. Like [`submit_fn`](Self::submit_fn), it
+    /// runs the closure at once, on this thread, if the key is idle (or
+    /// frees within a brief spin).
     ///
     /// # Errors
     ///
