@@ -33,8 +33,9 @@
 //! contended `std::sync::Mutex` does) and claims the key when it frees,
 //! rather than queue and make the key's next owner a drain task; it
 //! queues if the key stays held. Each submission hashes its key once: the
-//! hash picks the shard and is the key's hash in the shard's map. If `run`'s future is dropped while its work is unfinished,
-//! the rest of the work is handed to a drain task, first in the queue.
+//! hash picks the shard and is the key's hash in the shard's map. If
+//! `run`'s future is dropped while its work is unfinished, the rest of the
+//! work is handed to a drain task, first in the queue.
 //!
 //! `run` on a busy key queues its work with a way back to its caller:
 //! when the work reaches the front, whoever pops it (the drain task, or
