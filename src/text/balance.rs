@@ -15,12 +15,12 @@ use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
 impl Tree {
     /// A tree of `runs`, in document order, whose visible runs hold the
     /// characters of `text` in turn (their lengths must sum to its
-    /// character count), with `lv_order` the indices of `runs` by local
-    /// version (the runs must tile `0 .. items`): how a document is loaded
-    /// without integrating anything. Leaves are filled to three quarters, so the first edits
-    /// in them do not split them at once; a visible run longer than a
-    /// leaf's byte budget is cut across leaves.
-    pub(crate) fn build(runs: &[Run], lv_order: impl Iterator<Item = usize>, text: &str) -> Self {
+    /// character count; the runs must tile `0 .. items`): how a document
+    /// is loaded without integrating anything. Leaves are filled to three
+    /// quarters, so the first edits in them do not split them at once; a
+    /// visible run longer than a leaf's byte budget is cut across leaves.
+    /// The index is left to the first lookup that needs it.
+    pub(crate) fn build(runs: &[Run], text: &str) -> Self {
         const FILL_RUNS: usize = MAX_RUNS * 3 / 4;
         const FILL_BYTES: usize = MAX_BYTES * 3 / 4;
         let mut tree = Tree::default();
@@ -36,9 +36,6 @@ impl Tree {
         };
         let mut leaf = fresh(runs.len(), text.len());
         let mut rest = text;
-        // The leaf each run starts in; a run cut across leaves continues
-        // in the leaves right after.
-        let mut first_leaf = Vec::with_capacity(runs.len());
         let flush = |tree: &mut Tree, leaf: &mut Leaf, next: Leaf| {
             let id = tree.leaves.len() as u32;
             let mut done = std::mem::replace(leaf, next);
@@ -52,14 +49,9 @@ impl Tree {
         };
         for (i, &run) in runs.iter().enumerate() {
             let mut run = run;
-            let mut first = true;
             loop {
                 if leaf.runs.len() >= FILL_RUNS || leaf.text.len() >= FILL_BYTES {
                     flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
-                }
-                if first {
-                    first_leaf.push(tree.leaves.len() as u32);
-                    first = false;
                 }
                 if run.deleted() {
                     leaf.runs.push(run);
@@ -84,17 +76,6 @@ impl Tree {
         if !leaf.runs.is_empty() {
             flush(&mut tree, &mut leaf, Leaf::default());
         }
-        // The index: one entry per range of local versions starting in one
-        // leaf (the pieces of a cut run are found by walking on from
-        // there, as after a split).
-        let mut index: Vec<(u32, u32)> = Vec::new();
-        for i in lv_order {
-            let leaf = first_leaf[i];
-            if index.last().is_none_or(|&(_, l)| l != leaf) {
-                index.push((runs[i].lv, leaf));
-            }
-        }
-        tree.index = index.into_iter().collect::<BTreeMap<u32, u32>>();
         // Internal nodes, level by level, children spread evenly.
         let mut level: Vec<(u32, Metrics)> = tree
             .leaves
@@ -137,31 +118,43 @@ impl Tree {
         tree
     }
 
-    /// Records that the new local versions from `lv` on live in `leaf`.
+    /// The index (see [`Tree::index`](Tree)), built from the leaves if no
+    /// lookup has needed it yet.
+    pub(super) fn index(&self) -> &BTreeMap<u32, u32> {
+        self.index.get_or_init(|| index_of(&self.leaves))
+    }
+
+    /// Records that the new local versions from `lv` on live in `leaf`
+    /// (nothing to do while there is no index: building it will find them).
     pub(super) fn index_append(&mut self, lv: u32, leaf: u32) {
-        match self.index.last_key_value() {
+        let Some(index) = self.index.get_mut() else {
+            return;
+        };
+        match index.last_key_value() {
             Some((&k, &l)) if l == leaf && k <= lv => {}
             _ => {
-                self.index.insert(lv, leaf);
+                index.insert(lv, leaf);
             }
         }
     }
 
-    /// Re-points the local versions `start .. end` (already in the index)
+    /// Re-points the local versions `start .. end` (already in the tree)
     /// to `leaf`, keeping ranges that share a leaf joined.
     pub(super) fn index_move(&mut self, start: u32, end: u32, leaf: u32) {
-        let tail = self.index.range(..=end).next_back().map(|(_, &l)| l);
-        while let Some((&k, _)) = self.index.range(start..=end).next() {
-            self.index.remove(&k);
+        self.index();
+        let index = self.index.get_mut().expect("built by index()");
+        let tail = index.range(..=end).next_back().map(|(_, &l)| l);
+        while let Some((&k, _)) = index.range(start..=end).next() {
+            index.remove(&k);
         }
         if let Some(t) = tail {
             if t != leaf {
-                self.index.insert(end, t);
+                index.insert(end, t);
             }
         }
-        let joins_prev = self.index.range(..start).next_back().map(|(_, &l)| l) == Some(leaf);
+        let joins_prev = index.range(..start).next_back().map(|(_, &l)| l) == Some(leaf);
         if !joins_prev {
-            self.index.insert(start, leaf);
+            index.insert(start, leaf);
         }
     }
 
@@ -397,6 +390,20 @@ impl Tree {
             }
         }
     }
+}
+
+/// The index of a tree with `leaves`: each run's first local version
+/// mapped to its leaf, joining neighbours (in local-version order) that
+/// share a leaf.
+fn index_of(leaves: &[Leaf]) -> BTreeMap<u32, u32> {
+    let mut starts: Vec<(u32, u32)> = leaves
+        .iter()
+        .zip(0u32..)
+        .flat_map(|(leaf, id)| leaf.runs.iter().map(move |r| (r.lv, id)))
+        .collect();
+    starts.sort_unstable_by_key(|&(lv, _)| lv);
+    starts.dedup_by(|next, kept| next.1 == kept.1);
+    starts.into_iter().collect()
 }
 
 /// The first characters of `s`, at most `n` of them and at least one, in

@@ -498,11 +498,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             what: "text not as long as the visible runs",
         });
     }
-    text.tree = Tree::build(
-        &runs,
-        (0..runs.len()).map(|k| layout.doc(k) as usize),
-        visible_text,
-    );
+    text.tree = Tree::build(&runs, visible_text);
     read_buffered(dec, &mut text)?;
     Ok(text)
 }

@@ -34,7 +34,10 @@
 //! `index`, an ordered map from the first `lv` of each range of local
 //! versions to the leaf they were created in. Local typing appends to the
 //! last range, so the index grows by one entry per leaf a burst of typing
-//! lands in, not per character.
+//! lands in, not per character. Local editing never looks an item up by
+//! local version, so the index is built (from the leaves, in one pass and
+//! a sort) only when the first lookup needs it: a document that was only
+//! edited here, or only loaded, does not hold one.
 //!
 //! A split moves the tail of a leaf into a new leaf right after it, so an
 //! item is always in the leaf the index names or in a leaf a little further
@@ -59,6 +62,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use super::NONE;
 use super::leaf::{Leaf, Run, byte_at, utf16_len};
@@ -151,8 +155,11 @@ pub(crate) struct Tree {
     /// The root: a node, or leaf 0 when `nodes` is empty.
     pub(super) root: u32,
     /// First local version of each range of local versions living in one
-    /// leaf, mapped to that leaf. A range runs up to the next key.
-    pub(super) index: BTreeMap<u32, u32>,
+    /// leaf, mapped to that leaf. A range runs up to the next key. Built
+    /// from the leaves by the first lookup of an item by local version
+    /// (local editing makes none, so a document only edited here never
+    /// holds one), and kept up to date from then on.
+    pub(super) index: OnceLock<BTreeMap<u32, u32>>,
     /// The metrics of the whole document.
     pub(super) total: Metrics,
     /// Where the last local edit was; cleared by any change that could
@@ -185,7 +192,7 @@ impl Default for Tree {
             leaves: vec![Leaf::root()],
             nodes: Vec::new(),
             root: 0,
-            index: BTreeMap::new(),
+            index: OnceLock::new(),
             total: Metrics::default(),
             cursor: None,
             last_found: NONE,
@@ -391,7 +398,7 @@ impl Tree {
 
     /// As [`Tree::locate`], also counting the leaves walked past.
     fn locate_hops(&self, lv: u32) -> Option<(Pos, u32)> {
-        let (_, &first) = self.index.range(..=lv).next_back()?;
+        let (_, &first) = self.index().range(..=lv).next_back()?;
         let mut leaf = first;
         let mut hops = 0;
         while leaf != NONE {
