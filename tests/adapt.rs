@@ -135,6 +135,22 @@ mod automerge_docs {
         assert_eq!(a, before);
     }
 
+    /// Property-test regression: an empty save loads in automerge (as an
+    /// empty document, which saves to a chunk header), so accepting it
+    /// would give one document two encodings; it is refused.
+    #[test]
+    fn an_empty_save_is_refused() {
+        use calm::codec::{self, Tagged};
+        let empty = [codec::FORMAT_VERSION, Document::TAG, 0];
+        assert!(codec::from_bytes::<Document>(&empty).is_err());
+        let bytes = codec::to_bytes(&Document::new());
+        assert!(bytes.len() > empty.len());
+        assert_eq!(
+            codec::from_bytes::<Document>(&bytes).unwrap(),
+            Document::new()
+        );
+    }
+
     /// Fuzz regression (decode_store_values, crash-246ba16): automerge 0.12
     /// panics loading these bytes (an `unwrap` in its column decoder); the
     /// adapter reports a `DecodeError` instead.

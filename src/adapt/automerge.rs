@@ -222,6 +222,14 @@ impl Codec for Document {
     fn decode(dec: &mut Decoder<'_>) -> Result<Self, DecodeError> {
         let offset = dec.offset();
         let bytes = dec.bytes()?;
+        // automerge loads no bytes as an empty document, but saves one as
+        // a chunk header: accepting them would make two encodings of it.
+        if bytes.is_empty() {
+            return Err(DecodeError::Invalid {
+                offset,
+                what: "an empty automerge save",
+            });
+        }
         untrusted(|| AutoCommit::load(bytes))
             .map(Self::from)
             .ok_or(DecodeError::Invalid {
