@@ -475,13 +475,13 @@ impl Text {
             .map(|r| u64::from(r.len()))
             .sum();
         assert_eq!(items, u64::from(h.items), "every item in the tree");
-        for agent in &h.agents {
-            let mut events: Vec<(u64, u64)> = agent
-                .inserts
+        for (a, agent) in h.agents.iter().enumerate() {
+            let mut events: Vec<(u64, u64)> = h
+                .entries_of(a)
                 .iter()
-                .map(|&e| {
-                    let c = h.inserts[e as usize].counter;
-                    (c, c + u64::from(h.entry_len(e as usize)))
+                .map(|e| {
+                    let c = h.inserts[e].counter;
+                    (c, c + u64::from(h.entry_len(e)))
                 })
                 .chain(
                     agent

@@ -26,6 +26,7 @@
 //! direction (forward delete, or backspace), as diamond-types does.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 
 use super::NONE;
 use crate::causal::ReplicaId;
@@ -82,10 +83,74 @@ pub(crate) struct Agent {
     /// How many of its events (inserted or deleted characters) this
     /// document holds: exactly counters `1 ..= known`.
     pub(crate) known: u64,
-    /// Its insert entries, by counter (indices into [`History::inserts`]).
-    pub(crate) inserts: Vec<u32>,
+    /// Its insert entries, by counter (indices into [`History::inserts`]),
+    /// once the document has a second replica; read through
+    /// [`History::entries_of`]. While there is one replica its entries are
+    /// all the entries, so the list would be `0 .. n` and is not kept.
+    inserts: Vec<u32>,
     /// Its delete entries, by counter.
     pub(crate) deletes: Vec<DeleteEntry>,
+}
+
+/// One replica's insert entries, by counter, as indices into
+/// [`History::inserts`] (see [`History::entries_of`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Entries<'a> {
+    /// The only replica's: every entry in this range.
+    All(Range<usize>),
+    /// One of several replicas': these entries.
+    Listed(&'a [u32]),
+}
+
+impl Entries<'_> {
+    /// How many entries.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::All(r) => r.len(),
+            Self::Listed(l) => l.len(),
+        }
+    }
+
+    /// The `i`th entry's index (`i < len()`).
+    pub(crate) fn at(&self, i: usize) -> usize {
+        match self {
+            Self::All(r) => r.start + i,
+            Self::Listed(l) => l[i] as usize,
+        }
+    }
+
+    /// The `i`th entry's index, if there is one.
+    pub(crate) fn get(&self, i: usize) -> Option<usize> {
+        (i < self.len()).then(|| self.at(i))
+    }
+
+    /// The entries `range` of these (`range.end <= len()`).
+    pub(crate) fn slice(&self, range: Range<usize>) -> Self {
+        match self {
+            Self::All(r) => Self::All(r.start + range.start..r.start + range.end),
+            Self::Listed(l) => Self::Listed(&l[range]),
+        }
+    }
+
+    /// How many entries from the first satisfy `pred` (which must hold for
+    /// a prefix of them), by bisection.
+    pub(crate) fn partition_point(&self, mut pred: impl FnMut(usize) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if pred(self.at(mid)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// The entries' indices in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len()).map(|i| self.at(i))
+    }
 }
 
 /// What a global id names here.
@@ -152,6 +217,10 @@ impl History {
             return a;
         }
         let a = self.agents.len() as u32;
+        if a == 1 {
+            // The first replica's entries stop being all the entries.
+            self.agents[0].inserts = (0..self.inserts.len() as u32).collect();
+        }
         self.agents.push(Agent {
             id,
             known: 0,
@@ -165,6 +234,15 @@ impl History {
     /// How many events of `id` are known (its version vector entry).
     pub(crate) fn known(&self, id: ReplicaId) -> u64 {
         self.agent(id).map_or(0, |a| self.agents[a as usize].known)
+    }
+
+    /// The insert entries of agent `a`, by counter.
+    pub(crate) fn entries_of(&self, a: usize) -> Entries<'_> {
+        if self.agents.len() == 1 {
+            Entries::All(0..self.inserts.len())
+        } else {
+            Entries::Listed(&self.agents[a].inserts)
+        }
     }
 
     /// Number of characters in insert entry `i`.
@@ -279,14 +357,10 @@ impl History {
         }
         // Remote ops mostly name recent characters of their replica: try
         // its newest entries in growing steps back, then bisect the
-        // bracket found (or everything older). With a single replica its
-        // entries are all the entries, searched without the indirection.
-        let n = agent.inserts.len();
-        let single = self.agents.len() == 1;
-        let counter_of = |i: usize| {
-            let e = if single { i } else { agent.inserts[i] as usize };
-            self.inserts[e].counter
-        };
+        // bracket found (or everything older).
+        let entries = self.entries_of(a as usize);
+        let n = entries.len();
+        let counter_of = |i: usize| self.inserts[entries.at(i)].counter;
         let (mut lo, mut hi, mut step) = (0, n, 1);
         while step <= n.min(16) {
             let probe = n - step;
@@ -297,14 +371,12 @@ impl History {
             hi = probe;
             step *= 2;
         }
-        let i = if single {
-            lo + self.inserts[lo..hi].partition_point(|e| e.counter <= counter)
-        } else {
-            lo + agent.inserts[lo..hi]
-                .partition_point(|&e| self.inserts[e as usize].counter <= counter)
-        };
+        let i = lo
+            + entries
+                .slice(lo..hi)
+                .partition_point(|e| self.inserts[e].counter <= counter);
         if i > 0 {
-            let e = agent.inserts[i - 1] as usize;
+            let e = entries.at(i - 1);
             let entry = &self.inserts[e];
             let offset = counter - entry.counter;
             if offset < u64::from(self.entry_len(e)) {
@@ -335,9 +407,11 @@ impl History {
                 && origin_right == last.origin_right
         });
         if !extends {
-            self.agents[agent as usize]
-                .inserts
-                .push(self.inserts.len() as u32);
+            if self.agents.len() > 1 {
+                self.agents[agent as usize]
+                    .inserts
+                    .push(self.inserts.len() as u32);
+            }
             self.inserts.push(InsertEntry {
                 counter,
                 lv,

@@ -128,20 +128,18 @@ impl Text {
                 continue;
             }
             let first = out.len();
-            let ins_end = |&e: &u32| {
-                let e = e as usize;
-                h.inserts[e].counter + u64::from(h.entry_len(e))
-            };
+            let entries = h.entries_of(a);
+            let ins_end = |e: usize| h.inserts[e].counter + u64::from(h.entry_len(e));
             let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
-            let mut i = agent.inserts.partition_point(|e| ins_end(e) - 1 <= from);
+            let mut i = entries.partition_point(|e| ins_end(e) - 1 <= from);
             let mut d = agent.deletes.partition_point(|e| del_end(e) - 1 <= from);
             loop {
-                let ic = agent.inserts.get(i).map(|&e| h.inserts[e as usize].counter);
+                let ic = entries.get(i).map(|e| h.inserts[e].counter);
                 let dc = agent.deletes.get(d).map(|e| e.counter);
                 let op = match (ic, dc) {
                     (None, None) => break,
                     (Some(c), dc) if dc.is_none_or(|dc| c < dc) => {
-                        let e = agent.inserts[i] as usize;
+                        let e = entries.at(i);
                         i += 1;
                         let skip = from.saturating_sub(c - 1);
                         self.insert_op(table.as_deref(), e, skip as u32)

@@ -221,9 +221,9 @@ impl Typed {
     /// Places the insert entries of replica `a` that start at `at`, in
     /// turn, and returns the counter left for the next delete entry.
     fn skip(&mut self, h: &History, a: usize) -> u64 {
-        let inserts = &h.agents[a].inserts;
-        while let Some(&e) = inserts.get(self.next) {
-            let entry = &h.inserts[e as usize];
+        let entries = h.entries_of(a);
+        while let Some(e) = entries.get(self.next) {
+            let entry = &h.inserts[e];
             if entry.counter != self.at {
                 break;
             }
@@ -395,10 +395,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // Each replica's entries tile its counters.
     for (a, &k) in known.iter().enumerate() {
         let agent = &h.agents[a];
-        let mut ins = agent.inserts.iter().map(|&e| {
-            let e = e as usize;
-            (h.inserts[e].counter, u64::from(h.entry_len(e)))
-        });
+        let entries = h.entries_of(a);
+        let mut ins = entries
+            .iter()
+            .map(|e| (h.inserts[e].counter, u64::from(h.entry_len(e))));
         let mut del = agent
             .deletes
             .iter()
