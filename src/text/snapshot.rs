@@ -227,7 +227,7 @@ impl Typed {
             if entry.counter != self.at {
                 break;
             }
-            let len = h.entry_len(e as usize);
+            let len = h.entry_len(e);
             self.at += u64::from(len);
             self.end = entry.lv + len;
             self.next += 1;
