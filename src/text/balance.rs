@@ -442,7 +442,7 @@ fn split_point(leaf: &mut Leaf) -> (usize, usize) {
     if offset > 0 {
         let (l, r) = leaf.runs[i].split(offset);
         leaf.runs[i] = l;
-        leaf.runs.insert(i + 1, r);
+        leaf.insert_run(i + 1, r);
         (i + 1, half)
     } else {
         (i, half)

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-use super::NONE;
+use super::{NONE, reserve_lean};
 use crate::causal::ReplicaId;
 
 /// One burst of inserted characters (see the module docs).
@@ -412,6 +412,7 @@ impl History {
                     .inserts
                     .push(self.inserts.len() as u32);
             }
+            reserve_lean(&mut self.inserts, 1, 16);
             self.inserts.push(InsertEntry {
                 counter,
                 lv,
@@ -459,6 +460,7 @@ impl History {
                 }
             }
         }
+        reserve_lean(&mut agent.deletes, 1, 16);
         agent.deletes.push(DeleteEntry {
             counter,
             target,

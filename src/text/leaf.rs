@@ -18,7 +18,7 @@
 
 use std::cell::Cell;
 
-use super::NONE;
+use super::{NONE, reserve_lean};
 
 /// Most runs a leaf holds before it is split in two.
 ///
@@ -31,6 +31,12 @@ pub(crate) const MAX_RUNS: usize = 64;
 /// Most text bytes a leaf holds before it is split (unless it holds a single
 /// character). Bounds the cost of the `String` shift on every insert.
 pub(crate) const MAX_BYTES: usize = 2048;
+
+/// Fewest runs a leaf's run list grows by when it is full.
+const RUNS_STEP: usize = 8;
+
+/// Bytes beyond the inserted text a leaf's text grows by when it is full.
+const TEXT_STEP: usize = 64;
 
 /// The top bit of [`Run::len`] marks a deleted run.
 const DELETED: u32 = 1 << 31;
@@ -146,6 +152,22 @@ pub(crate) struct Leaf {
 }
 
 impl Leaf {
+    /// Inserts `run` at run index `at`, growing the run list a few runs at
+    /// a time (see [`reserve_lean`]).
+    pub(crate) fn insert_run(&mut self, at: usize, run: Run) {
+        reserve_lean(&mut self.runs, 1, RUNS_STEP);
+        self.runs.insert(at, run);
+    }
+
+    /// Inserts `text` at byte `byte` of the leaf's text, growing it by a
+    /// little more than `text` when it lacks room.
+    pub(crate) fn insert_text(&mut self, byte: usize, text: &str) {
+        if self.text.capacity() - self.text.len() < text.len() {
+            self.text.reserve_exact(text.len() + TEXT_STEP);
+        }
+        self.text.insert_str(byte, text);
+    }
+
     /// An empty root leaf.
     pub(crate) fn root() -> Self {
         Self {

@@ -560,7 +560,7 @@ impl Tree {
         if pos.offset > 0 {
             let (l, r) = leaf.runs[at].split(pos.offset);
             leaf.runs[at] = l;
-            leaf.runs.insert(at + 1, r);
+            leaf.insert_run(at + 1, r);
             at += 1;
         }
         let (cached, cached_chars) = if at > 0 && leaf.runs[at - 1].joins(run) {
@@ -568,7 +568,7 @@ impl Tree {
             leaf.runs[at - 1] = prev.with_len(prev.len() + run.len());
             (at - 1, pos.chars - prev.visible() as usize)
         } else {
-            leaf.runs.insert(at, run);
+            leaf.insert_run(at, run);
             (at, pos.chars)
         };
         if let Some(c) = &mut self.cursor {
@@ -577,7 +577,7 @@ impl Tree {
         }
         if !text.is_empty() {
             let byte = leaf.byte_of(pos.chars);
-            leaf.text.insert_str(byte, text);
+            leaf.insert_text(byte, text);
             leaf.mark.set((
                 (pos.chars + run.len() as usize) as u32,
                 (byte + text.len()) as u32,
@@ -736,14 +736,13 @@ impl Tree {
         if offset > 0 {
             leaf.runs[at] = r.with_len(offset);
             at += 1;
-            leaf.runs.insert(at, dead);
+            leaf.insert_run(at, dead);
         } else {
             leaf.runs[at] = dead;
         }
         let rest = r.len() - offset - take;
         if rest > 0 {
-            leaf.runs
-                .insert(at + 1, Run::new(r.lv + offset + take, rest, false));
+            leaf.insert_run(at + 1, Run::new(r.lv + offset + take, rest, false));
         }
         if at > 0 && leaf.runs[at - 1].joins(leaf.runs[at]) {
             let prev = leaf.runs[at - 1];
