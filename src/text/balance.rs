@@ -8,9 +8,9 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
-use super::NONE;
 use super::leaf::{Leaf, MAX_BYTES, MAX_RUNS, Run, char_len, utf16_len};
 use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
+use super::{NONE, reserve_lean};
 
 impl Tree {
     /// A tree of `runs`, in document order, whose visible runs hold the
@@ -227,6 +227,7 @@ impl Tree {
         );
         // The moved runs keep their index entries (pointing here); lookups
         // walk on to the new leaf, and `locate_fresh` re-points them.
+        reserve_lean(&mut self.leaves, 1, 4);
         self.leaves.push(right);
         let parent = self.leaves[leaf_id as usize].parent;
         if parent == NONE {
@@ -254,6 +255,7 @@ impl Tree {
         node.children[1] = right;
         node.metrics[0] = lm;
         node.metrics[1] = rm;
+        reserve_lean(&mut self.nodes, 1, 2);
         self.nodes.push(node);
         self.set_parent(left, leaves, id, 0);
         self.set_parent(right, leaves, id, 1);
@@ -311,6 +313,7 @@ impl Tree {
         let (lm, rm) = (node.sum(0..half), right.sum(0..right.len));
         let (parent, leaves) = (node.parent, node.leaves);
         let moved: Vec<u32> = right.children[..right.len].to_vec();
+        reserve_lean(&mut self.nodes, 1, 2);
         self.nodes.push(right);
         for (k, c) in moved.into_iter().enumerate() {
             self.set_parent(c, leaves, new_id, k);
