@@ -15,7 +15,10 @@
 //!   deletion ops, which carry no text);
 //! - **encode**, **load** and **encoded size** of the whole document;
 //! - **peak heap** during the replay and **kept heap** after it, from a
-//!   counting global allocator.
+//!   counting global allocator; against diamond-types also the kept heap
+//!   once the replayed document has integrated one insert from another
+//!   replica (calm builds its index from local versions to leaves, which
+//!   only remote ops use, at the first one).
 //!
 //! Each side's final text is checked against the trace's `endContent`
 //! (cola keeps no text, so its length is checked) before anything is
@@ -137,6 +140,15 @@ trait Crdt: Subject {
     fn merge(history: &Self::History) -> Self::Doc;
 }
 
+/// A CRDT whose replicas can take one edit from another.
+trait Remote: Crdt {
+    /// A second replica holding all of `doc` inserts one character in its
+    /// middle, and `doc` integrates that insert.
+    fn remote_insert(doc: &mut Self::Doc);
+    /// The document's length in characters.
+    fn chars(doc: &Self::Doc) -> usize;
+}
+
 struct Calm;
 
 impl Subject for Calm {
@@ -175,6 +187,17 @@ impl Crdt for Calm {
         let mut doc = Text::new(ReplicaId::new(2));
         doc.merge_owned(delta);
         doc
+    }
+}
+
+impl Remote for Calm {
+    fn remote_insert(doc: &mut Text) {
+        let mut other = doc.fork(ReplicaId::new(2));
+        let op = other.insert(doc.len() / 2, "x").expect("in range");
+        doc.apply(&op).expect("applies");
+    }
+    fn chars(doc: &Text) -> usize {
+        doc.len()
     }
 }
 
@@ -221,6 +244,22 @@ impl Crdt for DiamondTypes {
         let mut doc = diamond_types::list::ListCRDT::new();
         doc.merge_data_and_ff(history).expect("merges");
         doc
+    }
+}
+
+impl Remote for DiamondTypes {
+    fn remote_insert(doc: &mut Self::Doc) {
+        let mut other = Self::load(&Self::encode(doc));
+        let agent = other.get_or_create_agent_id("b");
+        let from = other.oplog.local_version();
+        other.insert(agent, other.branch.len() / 2, "x");
+        let patch = other
+            .oplog
+            .encode_from(diamond_types::list::encoding::ENCODE_PATCH, &from);
+        doc.merge_data_and_ff(&patch).expect("merges");
+    }
+    fn chars(doc: &Self::Doc) -> usize {
+        doc.branch.len()
     }
 }
 
@@ -534,6 +573,30 @@ fn replay_rows<P: Subject>(t: &Trace, rows: &mut Vec<Row>) {
     ));
 }
 
+/// Kept heap after a replay and one remote insert, calm against `P`.
+fn remote_rows<P: Remote>(t: &Trace, rows: &mut Vec<Row>) {
+    let chars = t.end.chars().count() + 1;
+    let (ours, our_heap) = measure(|| {
+        let mut doc = Calm::replay(t);
+        Calm::remote_insert(&mut doc);
+        doc
+    });
+    assert_eq!(Calm::chars(&ours), chars, "calm: {}", t.name);
+    let (theirs, their_heap) = measure(|| {
+        let mut doc = P::replay(t);
+        P::remote_insert(&mut doc);
+        doc
+    });
+    assert_eq!(P::chars(&theirs), chars, "{}: {}", P::NAME, t.name);
+    rows.push(Row {
+        workload: t.name.clone(),
+        metric: "kept heap (replay, then a remote op)".to_owned(),
+        peer: P::NAME.to_owned(),
+        ours: Figure::Bytes(our_heap.retained),
+        theirs: Figure::Bytes(their_heap.retained),
+    });
+}
+
 /// Merge, encode, load and size of calm against a CRDT peer.
 fn crdt_rows<P: Crdt>(t: &Trace, rows: &mut Vec<Row>) {
     let (ours, theirs) = (Calm::replay(t), P::replay(t));
@@ -587,6 +650,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         eprintln!("{}: {} patches", t.name, t.patches.len());
         replay_rows::<DiamondTypes>(&t, &mut rows);
         crdt_rows::<DiamondTypes>(&t, &mut rows);
+        remote_rows::<DiamondTypes>(&t, &mut rows);
         replay_rows::<Cola>(&t, &mut rows);
         crdt_rows::<Cola>(&t, &mut rows);
         replay_rows::<Loro>(&t, &mut rows);
