@@ -83,39 +83,38 @@ pub(crate) struct Agent {
     /// How many of its events (inserted or deleted characters) this
     /// document holds: exactly counters `1 ..= known`.
     pub(crate) known: u64,
-    /// Its insert entries, by counter (indices into [`History::inserts`]),
-    /// once the document has a second replica; read through
-    /// [`History::entries_of`]. While there is one replica its entries are
-    /// all the entries, so the list would be `0 .. n` and is not kept.
+    /// How many of its first insert entries are entries `0 .. first`: the
+    /// first replica's, made while it was the only one (their list would
+    /// be `0 .. first`, so it is not kept).
+    first: u32,
+    /// Its other insert entries, by counter (indices into
+    /// [`History::inserts`]), made while the document had other replicas.
+    /// Both parts are read through [`History::entries_of`].
     inserts: Vec<u32>,
     /// Its delete entries, by counter.
     pub(crate) deletes: Vec<DeleteEntry>,
 }
 
 /// One replica's insert entries, by counter, as indices into
-/// [`History::inserts`] (see [`History::entries_of`]).
-#[derive(Clone, Debug)]
-pub(crate) enum Entries<'a> {
-    /// The only replica's: every entry in this range.
-    All(Range<usize>),
-    /// One of several replicas': these entries.
-    Listed(&'a [u32]),
+/// [`History::inserts`] (see [`History::entries_of`]): entries
+/// `0 .. prefix`, then those listed in `rest`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Entries<'a> {
+    prefix: usize,
+    rest: &'a [u32],
 }
 
 impl Entries<'_> {
     /// How many entries.
     pub(crate) fn len(&self) -> usize {
-        match self {
-            Self::All(r) => r.len(),
-            Self::Listed(l) => l.len(),
-        }
+        self.prefix + self.rest.len()
     }
 
     /// The `i`th entry's index (`i < len()`).
     pub(crate) fn at(&self, i: usize) -> usize {
-        match self {
-            Self::All(r) => r.start + i,
-            Self::Listed(l) => l[i] as usize,
+        match i.checked_sub(self.prefix) {
+            None => i,
+            Some(j) => self.rest[j] as usize,
         }
     }
 
@@ -124,18 +123,15 @@ impl Entries<'_> {
         (i < self.len()).then(|| self.at(i))
     }
 
-    /// The entries `range` of these (`range.end <= len()`).
-    pub(crate) fn slice(&self, range: Range<usize>) -> Self {
-        match self {
-            Self::All(r) => Self::All(r.start + range.start..r.start + range.end),
-            Self::Listed(l) => Self::Listed(&l[range]),
-        }
-    }
-
-    /// How many entries from the first satisfy `pred` (which must hold for
-    /// a prefix of them), by bisection.
-    pub(crate) fn partition_point(&self, mut pred: impl FnMut(usize) -> bool) -> usize {
-        let (mut lo, mut hi) = (0, self.len());
+    /// The first position in `range` (within `0 .. len()`) whose entry
+    /// does not satisfy `pred`, which must hold for the entries before
+    /// some position and fail after it, by bisection.
+    pub(crate) fn partition_point(
+        &self,
+        range: Range<usize>,
+        mut pred: impl FnMut(usize) -> bool,
+    ) -> usize {
+        let (mut lo, mut hi) = (range.start, range.end);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if pred(self.at(mid)) {
@@ -218,12 +214,13 @@ impl History {
         }
         let a = self.agents.len() as u32;
         if a == 1 {
-            // The first replica's entries stop being all the entries.
-            self.agents[0].inserts = (0..self.inserts.len() as u32).collect();
+            // The first replica's entries so far stay implicit.
+            self.agents[0].first = self.inserts.len() as u32;
         }
         self.agents.push(Agent {
             id,
             known: 0,
+            first: 0,
             inserts: Vec::new(),
             deletes: Vec::new(),
         });
@@ -239,9 +236,16 @@ impl History {
     /// The insert entries of agent `a`, by counter.
     pub(crate) fn entries_of(&self, a: usize) -> Entries<'_> {
         if self.agents.len() == 1 {
-            Entries::All(0..self.inserts.len())
+            Entries {
+                prefix: self.inserts.len(),
+                rest: &[],
+            }
         } else {
-            Entries::Listed(&self.agents[a].inserts)
+            let agent = &self.agents[a];
+            Entries {
+                prefix: agent.first as usize,
+                rest: &agent.inserts,
+            }
         }
     }
 
@@ -371,10 +375,7 @@ impl History {
             hi = probe;
             step *= 2;
         }
-        let i = lo
-            + entries
-                .slice(lo..hi)
-                .partition_point(|e| self.inserts[e].counter <= counter);
+        let i = entries.partition_point(lo..hi, |e| self.inserts[e].counter <= counter);
         if i > 0 {
             let e = entries.at(i - 1);
             let entry = &self.inserts[e];

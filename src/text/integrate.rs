@@ -131,7 +131,7 @@ impl Text {
             let entries = h.entries_of(a);
             let ins_end = |e: usize| h.inserts[e].counter + u64::from(h.entry_len(e));
             let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
-            let mut i = entries.partition_point(|e| ins_end(e) - 1 <= from);
+            let mut i = entries.partition_point(0..entries.len(), |e| ins_end(e) - 1 <= from);
             let mut d = agent.deletes.partition_point(|e| del_end(e) - 1 <= from);
             loop {
                 let ic = entries.get(i).map(|e| h.inserts[e].counter);
