@@ -86,6 +86,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::merge::for_each_tuple;
 
+pub(crate) mod huffman;
 pub(crate) mod lz;
 mod serde_format;
 
@@ -97,11 +98,13 @@ pub use serde_format::Serde;
 
 /// The version of the binary format written by this crate.
 ///
-/// Version 2 changed only the layout of a [`Text`](crate::text::Text)
-/// document (see its module docs); bytes of version 1 are still read, as
-/// they were written. Decoding bytes of any other version fails with
+/// Versions 2 and 3 changed only the layout of a
+/// [`Text`](crate::text::Text) document (see its module docs: version 2
+/// wrote its structures instead of its ops, version 3 entropy-codes them);
+/// bytes of versions 1 and 2 are still read, as they were written.
+/// Decoding bytes of any other version fails with
 /// [`DecodeError::UnsupportedVersion`].
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 
 /// The oldest format version this crate still reads.
 pub const OLDEST_FORMAT_VERSION: u8 = 1;

@@ -571,14 +571,88 @@ fn text_length_bomb_allocates_nothing() {
 }
 
 /// A 2^60 length at any count of the current layout (replicas, runs,
-/// insert entries, a replica's delete entries, the compressed text,
-/// buffered ops)
-/// allocates nothing like it; with no bomb, the same bytes are "ac".
+/// insert entries, a replica's delete entries, each coded column, the
+/// compressed text and its streams, buffered ops) allocates nothing like
+/// it; with no bomb, the same bytes are "ac".
 #[test]
 fn document_length_bombs_allocate_nothing() {
-    for at in 0..=6 {
+    // A column or stream written plain: its length, then its bytes.
+    let block = |enc: &mut Encoder, bytes: &[u8]| {
+        enc.varint((bytes.len() as u64) << 1);
+        enc.raw(bytes);
+    };
+    // In document order: "a" (lv 0), "b" (lv 1, deleted), "c" (lv 2),
+    // typed as one entry with its origins as guessed, "b" deleted by
+    // event 4 (see the version 2 test below for the numbers).
+    let blocks: [&[u8]; 13] = [
+        &[0, 0, 0], // run starts
+        &[2, 3, 2], // run lengths and deleted flags
+        &[],        // replica indexes (one replica)
+        &[0],       // counter gaps
+        &[3 << 3],  // entry lengths and origin codes
+        &[],        // origins in full
+        &[2],       // delete targets
+        &[1 << 1],  // delete lengths
+        &[2],       // the text: one token of two literals
+        b"ac",
+        &[],
+        &[],
+        &[],
+    ];
+    for at in 0..=19 {
         let mut enc = Encoder::new();
         enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<Text as codec::Tagged>::TAG);
+        // Each number or block in turn; the one at `at` is the bomb.
+        let mut count = 0;
+        let number = |enc: &mut Encoder, count: &mut usize, n: u64| {
+            enc.varint(if *count == at { 1 << 60 } else { n });
+            *count += 1;
+        };
+        number(&mut enc, &mut count, 1); // replicas
+        enc.varint(5); // replica 5, four events
+        enc.varint(4);
+        enc.varint(3); // three characters ever inserted
+        number(&mut enc, &mut count, 3); // runs
+        number(&mut enc, &mut count, 1); // insert entries
+        number(&mut enc, &mut count, 1); // replica 5's delete entries
+        for (i, b) in blocks.iter().enumerate() {
+            if i == 8 {
+                number(&mut enc, &mut count, 2); // the text's length
+            }
+            if count == at {
+                enc.varint(1 << 61);
+                count += 1;
+            } else {
+                count += 1;
+                block(&mut enc, b);
+            }
+        }
+        number(&mut enc, &mut count, 0); // buffered ops
+        let bytes = enc.into_bytes();
+        let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(&bytes));
+        if at == 19 {
+            let doc = result.expect("well formed");
+            assert_eq!(doc.to_string(), "ac");
+            doc.assert_invariants();
+            assert_eq!(codec::to_bytes(&doc), bytes, "canonical");
+        } else {
+            assert!(result.is_err(), "bomb at {at}: {result:?}");
+            assert!(
+                allocated < 4096,
+                "bomb at {at}: allocated {allocated} bytes"
+            );
+        }
+    }
+}
+
+/// As above, in the layout of format version 2 (each number in place,
+/// the text's tokens uncoded).
+#[test]
+fn version_2_document_length_bombs_allocate_nothing() {
+    for at in 0..=6 {
+        let mut enc = Encoder::new();
+        enc.byte(2);
         enc.byte(<Text as codec::Tagged>::TAG);
         let count = |enc: &mut Encoder, n: usize, section: usize| {
             if section == at {
@@ -686,6 +760,28 @@ fn extreme_counters_do_not_overflow() {
     assert_eq!(a.to_string(), "abc");
     let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");
     assert_eq!(back, a);
+}
+
+/// A document written in format version 2 (runs, entries and tokens
+/// uncoded; three replicas, deletions, a buffered op) decodes to the
+/// text it had, and is written back in today's layout.
+#[test]
+fn a_document_in_format_version_2_keeps_its_text() {
+    let bytes = include_bytes!("data/text_format_2.bin");
+    assert_eq!(bytes[0], 2);
+    let doc: Text = codec::from_bytes(bytes).expect("a version 2 document decodes");
+    assert_eq!(doc.to_string(), include_str!("data/text_format_2.txt"));
+    assert_eq!(doc.buffered_ops(), 1);
+    doc.assert_invariants();
+    let now = codec::to_bytes(&doc);
+    assert_eq!(now[0], codec::FORMAT_VERSION);
+    let back: Text = codec::from_bytes(&now).expect("and reads back");
+    assert_eq!(back, doc);
+    assert_eq!(codec::to_bytes(&back), now);
+    // Cutting the old bytes anywhere is an error, never a panic.
+    for cut in 0..bytes.len() {
+        assert!(codec::from_bytes::<Text>(&bytes[..cut]).is_err());
+    }
 }
 
 /// A document encoded before local inserts took the reference origins

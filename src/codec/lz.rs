@@ -1,25 +1,35 @@
 //! A small LZ77 compressor for byte strings inside the binary format (a
 //! document's text, say), safe to decompress from untrusted input.
 //!
-//! The compressed form is a sequence of tokens, each a run of literal
+//! The compressor turns its input into tokens, each a run of literal
 //! bytes and then, unless the output is complete, a copy of earlier
-//! output:
+//! output (a distance back, >= 1, and a length of at least
+//! [`MIN_COPY`]). The tokens are written as five byte streams, each
+//! Huffman-coded on its own ([`huffman`]), because each kind of number
+//! has its own distribution and text's letters are far from uniform:
 //!
 //! ```text
-//!   token   literal count (varint), the literal bytes,
-//!           distance back (varint, >= 1), copy length - 4 (varint)
+//!   compressed   the output's length (varint), then five blocks:
+//!     counts     each token's literal count (varints)
+//!     literals   the literal bytes, in order
+//!     low        each copy's distance, its low eight bits
+//!     high       each copy's distance shifted right eight (varints)
+//!     copies     each copy's length - 4 (varints)
 //! ```
 //!
 //! The compressor is greedy with one candidate per 4-byte hash, so it is
 //! fast (a few hundred MB/s) and deterministic: equal inputs compress to
 //! equal bytes, and the decompressor accepts only those bytes (it
-//! compresses what it read again and compares), so the format stays
-//! canonical. Copies are at most [`MAX_COPY`] bytes, so every token of
-//! three bytes or more yields at most `MAX_COPY` bytes and the output can
-//! be at most [`MAX_RATIO`] times the compressed size: the decompressor
-//! checks the declared length against that before allocating anything.
+//! compresses what it read again and compares, and each stream is
+//! canonical), so the format stays canonical. Copies are at most
+//! [`MAX_COPY`] bytes and every copy takes at least one byte of the
+//! decoded `copies` stream, so the declared length is checked against the
+//! streams before the output is allocated.
+//!
+//! Format version 2 wrote the tokens as they are, without entropy coding;
+//! [`read_version_2`] still reads it.
 
-use super::{DecodeError, Decoder, Encoder};
+use super::{DecodeError, Decoder, Encoder, huffman};
 
 /// Shortest copy worth a token.
 const MIN_COPY: usize = 4;
@@ -27,9 +37,9 @@ const MIN_COPY: usize = 4;
 /// Longest copy, which bounds the expansion of a token.
 const MAX_COPY: usize = 192;
 
-/// The most output bytes per compressed byte (a token of three bytes
-/// yields at most [`MAX_COPY`] + its literals).
-pub(crate) const MAX_RATIO: usize = MAX_COPY / 3 + 1;
+/// The most output bytes per compressed byte in format version 2 (a
+/// token of three bytes yields at most [`MAX_COPY`] + its literals).
+const MAX_RATIO: usize = MAX_COPY / 3 + 1;
 
 /// Most bits of the hash table index (a 64 KiB table); short inputs use
 /// fewer, down to 6, so compressing a few bytes allocates a few bytes.
@@ -62,48 +72,75 @@ fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
     len
 }
 
-/// Where compressed tokens go: an [`Encoder`], or a [`Check`] against
-/// bytes already read.
+/// One token of the compressed form: a run of literal bytes, then a copy
+/// (distance back, length), which only the last token lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Token {
+    literals: usize,
+    copy: Option<(usize, usize)>,
+}
+
+/// Where the compressor's tokens go: the coded streams, or a [`Check`]
+/// against the tokens read.
 trait Sink {
-    fn raw(&mut self, b: &[u8]);
-    fn varint(&mut self, v: u64);
+    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>);
 }
 
-impl Sink for Encoder {
-    fn raw(&mut self, b: &[u8]) {
-        Encoder::raw(self, b);
-    }
-    fn varint(&mut self, v: u64) {
-        Encoder::varint(self, v);
+/// The tokens as five byte streams, each Huffman-coded on its own (see
+/// the module docs).
+#[derive(Default)]
+struct Streams {
+    counts: Encoder,
+    literals: Vec<u8>,
+    low: Vec<u8>,
+    high: Encoder,
+    copies: Encoder,
+}
+
+impl Sink for Streams {
+    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
+        self.counts.varint(literals.len() as u64);
+        self.literals.extend_from_slice(literals);
+        if let Some((distance, len)) = copy {
+            self.low.push(distance as u8);
+            self.high.varint((distance >> 8) as u64);
+            self.copies.varint((len - MIN_COPY) as u64);
+        }
     }
 }
 
-/// Compares the numbers in the tokens the compressor emits (literal
-/// counts, distances, copy lengths) with `expected`, the ones read, in
-/// order. That suffices for the bytes: the literal bytes sit where equal
-/// numbers put them in the output, which the reader copied them into, and
-/// the decoder refuses overlong varints, so equal numbers are equal bytes.
+/// Compares the tokens the compressor emits with `expected`, the ones
+/// read, in order. That suffices for the bytes: the literal bytes sit
+/// where equal tokens put them in the output, which the reader copied
+/// them into, and the decoder refuses overlong varints, so equal tokens
+/// are equal bytes.
 struct Check<'a> {
-    expected: &'a [u64],
+    expected: &'a [Token],
     at: usize,
     same: bool,
 }
 
 impl Sink for Check<'_> {
-    fn raw(&mut self, _: &[u8]) {}
-    fn varint(&mut self, v: u64) {
-        self.same = self.same && self.expected.get(self.at) == Some(&v);
+    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
+        let token = Token {
+            literals: literals.len(),
+            copy,
+        };
+        self.same = self.same && self.expected.get(self.at) == Some(&token);
         self.at += 1;
     }
 }
 
-/// Writes `input` compressed: its length, then the compressed bytes
-/// (length-prefixed).
+/// Writes `input` compressed: its length, then the five coded streams.
 pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
-    let mut out = Encoder::new();
-    compress(input, &mut out);
+    let mut streams = Streams::default();
+    compress(input, &mut streams);
     enc.length(input.len());
-    enc.bytes(&out.into_bytes());
+    huffman::write(enc, &streams.counts.into_bytes());
+    huffman::write(enc, &streams.literals);
+    huffman::write(enc, &streams.low);
+    huffman::write(enc, &streams.high.into_bytes());
+    huffman::write(enc, &streams.copies.into_bytes());
 }
 
 /// The tokens of `input` (see the module docs), into `out`.
@@ -123,10 +160,7 @@ fn compress(input: &[u8], out: &mut impl Sink) {
         }
         let max = (input.len() - i).min(MAX_COPY);
         let len = MIN_COPY + common(input, candidate + MIN_COPY, i + MIN_COPY, max - MIN_COPY);
-        out.varint((i - literals) as u64);
-        out.raw(&input[literals..i]);
-        out.varint((i - candidate) as u64);
-        out.varint((len - MIN_COPY) as u64);
+        out.token(&input[literals..i], Some((i - candidate, len)));
         // Only the copy's last two places are remembered (as LZ4 does):
         // hashing every place inside copies doubles the time for little.
         for j in (i + len).saturating_sub(2).max(i + 1)..(i + len).min(last) {
@@ -135,14 +169,118 @@ fn compress(input: &[u8], out: &mut impl Sink) {
         i += len;
         literals = i;
     }
-    out.varint((input.len() - literals) as u64);
-    out.raw(&input[literals..]);
+    out.token(&input[literals..], None);
 }
 
 /// Reads what [`write`] wrote, and only that (see the module docs).
-/// Allocates at most [`MAX_RATIO`] times the compressed bytes, checked
-/// before anything is reserved.
+/// Allocates at most [`MAX_COPY`] output bytes per coded copy length and
+/// one per literal, checked before anything is reserved.
 pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
+    let offset = dec.offset();
+    let invalid = |what| DecodeError::Invalid { offset, what };
+    let n = usize::try_from(dec.varint()?)
+        .map_err(|_| invalid("compressed length out of proportion"))?;
+    let counts = huffman::read(dec)?;
+    let literals = huffman::read(dec)?;
+    let low = huffman::read(dec)?;
+    let high = huffman::read(dec)?;
+    let copies = huffman::read(dec)?;
+    if n > literals
+        .len()
+        .saturating_add(copies.len().saturating_mul(MAX_COPY))
+    {
+        return Err(invalid("compressed length out of proportion"));
+    }
+    let (mut counts, mut high, mut copies) = (
+        Decoder::new(&counts),
+        Decoder::new(&high),
+        Decoder::new(&copies),
+    );
+    let (mut out, mut tokens) = (Vec::with_capacity(n), Vec::new());
+    let mut lows = low.iter();
+    let mut literal = Decoder::new(&literals);
+    loop {
+        let count = usize::try_from(counts.varint()?).unwrap_or(usize::MAX);
+        if count > n - out.len() {
+            return Err(invalid("compressed bytes longer than declared"));
+        }
+        out.extend_from_slice(literal.raw(count)?);
+        if out.len() == n {
+            tokens.push(Token {
+                literals: count,
+                copy: None,
+            });
+            break;
+        }
+        let low = lows.next().ok_or(invalid("distance missing"))?;
+        let distance = high.varint()?.checked_mul(256).map(|d| d | u64::from(*low));
+        let copy = copies.varint()?.saturating_add(MIN_COPY as u64);
+        let copy = copy_within(&mut out, distance.unwrap_or(u64::MAX), copy, n).map_err(invalid)?;
+        tokens.push(Token {
+            literals: count,
+            copy: Some(copy),
+        });
+    }
+    let used = lows.len() == 0
+        && [counts, high, copies, literal]
+            .iter()
+            .all(|d| d.remaining() == 0);
+    if !used {
+        return Err(invalid("compressed streams longer than their tokens"));
+    }
+    canonical(&out, &tokens).map_err(invalid)?;
+    Ok(out)
+}
+
+/// Appends the copy of `len` bytes from `distance` back to `out`, which
+/// must stay at most `n` bytes long; returns the copy as a token's.
+fn copy_within(
+    out: &mut Vec<u8>,
+    distance: u64,
+    len: u64,
+    n: usize,
+) -> Result<(usize, usize), &'static str> {
+    let start = usize::try_from(distance)
+        .ok()
+        .filter(|&d| d >= 1 && d <= out.len())
+        .map(|d| out.len() - d)
+        .ok_or("copy from before the start")?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&l| l <= MAX_COPY && l <= n - out.len())
+        .ok_or("copy too long")?;
+    if start + len <= out.len() {
+        out.extend_from_within(start..start + len);
+    } else {
+        for k in 0..len {
+            out.push(out[start + k]);
+        }
+    }
+    Ok((out.len() - len - start, len))
+}
+
+/// Whether `tokens` are exactly what [`compress`] makes of `out`, so
+/// that accepted bytes re-encode to themselves.
+fn canonical(out: &[u8], tokens: &[Token]) -> Result<(), &'static str> {
+    let mut check = Check {
+        expected: tokens,
+        at: 0,
+        same: true,
+    };
+    compress(out, &mut check);
+    if check.same && check.at == tokens.len() {
+        Ok(())
+    } else {
+        Err("compressed bytes not in their canonical form")
+    }
+}
+
+/// Reads a string compressed in format version 2, whose tokens were
+/// written as they are: the output's length, then the tokens
+/// (length-prefixed), each its literal count (varint), its literal
+/// bytes, and unless last its distance and copy length - 4 (varints).
+/// Allocates at most [`MAX_RATIO`] times the compressed bytes.
+pub(crate) fn read_version_2(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     let offset = dec.offset();
     let n = dec.varint()?;
     let packed = dec.bytes()?;
@@ -152,55 +290,35 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
         .filter(|&n| n <= packed.len().saturating_mul(MAX_RATIO))
         .ok_or(invalid("compressed length out of proportion"))?;
     let mut out = Vec::with_capacity(n);
-    let mut tokens = Decoder::new(packed);
-    // The numbers read, for the canonical check (fewer than the packed
+    let mut dec = Decoder::new(packed);
+    // The tokens read, for the canonical check (fewer than the packed
     // bytes: each takes at least one).
-    let mut numbers = Vec::new();
+    let mut tokens = Vec::new();
     loop {
-        let literals = tokens.length()?;
-        numbers.push(literals as u64);
-        if literals > n - out.len() {
+        let count = dec.length()?;
+        if count > n - out.len() {
             return Err(invalid("compressed bytes longer than declared"));
         }
-        out.extend_from_slice(tokens.raw(literals)?);
+        out.extend_from_slice(dec.raw(count)?);
         if out.len() == n {
+            tokens.push(Token {
+                literals: count,
+                copy: None,
+            });
             break;
         }
-        let distance = tokens.varint()?;
-        let copy = tokens.varint()?;
-        numbers.extend([distance, copy]);
-        let len = copy.saturating_add(MIN_COPY as u64);
-        let start = usize::try_from(distance)
-            .ok()
-            .filter(|&d| d >= 1 && d <= out.len())
-            .map(|d| out.len() - d)
-            .ok_or(invalid("copy from before the start"))?;
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|&l| l <= MAX_COPY && l <= n - out.len())
-            .ok_or(invalid("copy too long"))?;
-        if start + len <= out.len() {
-            out.extend_from_within(start..start + len);
-        } else {
-            for k in 0..len {
-                out.push(out[start + k]);
-            }
-        }
+        let distance = dec.varint()?;
+        let copy = dec.varint()?.saturating_add(MIN_COPY as u64);
+        let copy = copy_within(&mut out, distance, copy, n).map_err(invalid)?;
+        tokens.push(Token {
+            literals: count,
+            copy: Some(copy),
+        });
     }
-    if tokens.remaining() > 0 {
+    if dec.remaining() > 0 {
         return Err(invalid("bytes after the compressed data"));
     }
-    // Canonical: exactly what `write` makes of the output, so accepted
-    // bytes re-encode to themselves.
-    let mut check = Check {
-        expected: &numbers,
-        at: 0,
-        same: true,
-    };
-    compress(&out, &mut check);
-    if !check.same || check.at != numbers.len() {
-        return Err(invalid("compressed bytes not in their canonical form"));
-    }
+    canonical(&out, &tokens).map_err(invalid)?;
     Ok(out)
 }
 
@@ -219,16 +337,16 @@ mod tests {
     }
 
     /// Text, repeats, overlapping copies, and the empty string round-trip;
-    /// repetitive input shrinks, but never past the ratio bound.
+    /// repetitive input shrinks.
     #[test]
     fn round_trips_and_shrinks() {
-        assert!(round_trip(b"") <= 3);
+        assert_eq!(round_trip(b""), 7);
         round_trip(b"abc");
         let prose = "the quick brown fox jumps over the lazy dog; ".repeat(40);
-        assert!(round_trip(prose.as_bytes()) < prose.len() / 5);
+        assert!(round_trip(prose.as_bytes()) < prose.len() / 10);
         let same = vec![b'x'; 100_000];
         let size = round_trip(&same);
-        assert!(size * MAX_RATIO >= same.len(), "{size}");
+        assert!(size < same.len() / 200, "{size}");
         let mut noise = Vec::new();
         let mut x = 1u64;
         for _ in 0..5000 {
@@ -238,9 +356,57 @@ mod tests {
         assert!(round_trip(&noise) <= noise.len() + noise.len() / 64 + 8);
     }
 
-    /// Hostile input: a declared length out of proportion allocates
-    /// nothing; copies from before the start, past the declared length or
-    /// too long, and trailing bytes are errors.
+    /// The coded form built by hand: the declared length, and each
+    /// stream's bytes (numbers as varints).
+    fn coded(
+        n: u64,
+        counts: &[u64],
+        literals: &[u8],
+        distances: &[u64],
+        copies: &[u64],
+    ) -> Vec<u8> {
+        let varints = |v: &mut dyn Iterator<Item = u64>| {
+            let mut e = Encoder::new();
+            v.for_each(|x| e.varint(x));
+            e.into_bytes()
+        };
+        let mut enc = Encoder::new();
+        enc.varint(n);
+        huffman::write(&mut enc, &varints(&mut counts.iter().copied()));
+        huffman::write(&mut enc, literals);
+        let low: Vec<u8> = distances.iter().map(|&d| d as u8).collect();
+        huffman::write(&mut enc, &low);
+        huffman::write(&mut enc, &varints(&mut distances.iter().map(|&d| d >> 8)));
+        huffman::write(&mut enc, &varints(&mut copies.iter().copied()));
+        enc.into_bytes()
+    }
+
+    /// Hostile coded input: a declared length the streams cannot make
+    /// allocates nothing; copies from before the start or too long,
+    /// streams with numbers left over, and a parse the compressor would
+    /// not make are errors.
+    #[test]
+    fn hostile_coded_input_is_refused() {
+        let read_all = |bytes: &[u8]| {
+            let mut dec = Decoder::new(bytes);
+            read(&mut dec).and_then(|out| dec.finish().map(|()| out))
+        };
+        assert!(read_all(&coded(1 << 40, &[1], b"a", &[], &[])).is_err());
+        assert!(read_all(&coded(10, &[1, 0], b"a", &[2], &[5])).is_err());
+        assert!(read_all(&coded(300, &[1, 0], b"a", &[1], &[250])).is_err());
+        assert!(read_all(&coded(1, &[1], b"a", &[1], &[])).is_err());
+        assert!(read_all(&coded(1, &[1, 0], b"a", &[], &[])).is_err());
+        assert!(read_all(&coded(6, &[6], b"aaaaaa", &[], &[])).is_err());
+        assert_eq!(
+            read_all(&coded(5, &[1, 0], b"a", &[1], &[0])).expect("valid"),
+            b"aaaaa"
+        );
+        assert!(read_all(&coded(600, &[1, 0], b"a", &[1 << 60], &[0])).is_err());
+    }
+
+    /// Hostile input in format version 2: a declared length out of
+    /// proportion allocates nothing; copies from before the start, past
+    /// the declared length or too long, and trailing bytes are errors.
     #[test]
     fn hostile_input_is_refused() {
         let case = |n: u64, tokens: &[u64], literal: &[u8]| {
@@ -254,7 +420,7 @@ mod tests {
             enc.varint(n);
             enc.bytes(&inner.into_bytes());
             let bytes = enc.into_bytes();
-            read(&mut Decoder::new(&bytes))
+            read_version_2(&mut Decoder::new(&bytes))
         };
         assert!(case(1 << 40, &[1], b"a").is_err());
         assert!(case(10, &[1, 2, 0], b"a").is_err()); // copy from before the start

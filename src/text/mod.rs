@@ -195,7 +195,8 @@
 //! `balance.rs` (splits, metrics and index upkeep),
 //! `history.rs` (ids, origins and deletions), `integrate.rs` (the rule,
 //! buffering, merge), `encoding.rs` (ops as bytes, and documents of
-//! format version 1), `snapshot.rs` (documents as bytes).
+//! format version 1), `snapshot.rs` (documents as bytes), `columns.rs`
+//! (their numbers in Huffman-coded columns).
 //!
 //! # Performance
 //!
@@ -221,6 +222,7 @@
 //!   loro's, cola's and automerge's.
 
 mod balance;
+mod columns;
 mod document;
 mod encoding;
 mod error;

@@ -1,4 +1,4 @@
-//! A [`Text`] document as bytes (format version 2): its own structures,
+//! A [`Text`] document as bytes (format version 3): its own structures,
 //! written as they are, so that loading is a linear scan that integrates
 //! nothing.
 //!
@@ -6,25 +6,28 @@
 //!   replicas   count; per replica, in the document's order: its id and
 //!              how many of its events are here (> 0)
 //!   items      how many characters were ever inserted
-//!   runs       count; per run, in document order: its first local
-//!              version (zig-zag, from the previous run's end), and its
-//!              length shifted left once, the low bit set when deleted
-//!   inserts    count; per insert entry, in local-version order (its
-//!              first local version is the sum of the lengths before):
-//!              the replica's index (left out when there is one), the
-//!              counter (as the gap after the replica's previous entry),
-//!              the length shifted left three times with how the origins
-//!              are given in the low bits, then the origins given in full
-//!              as distances back from the entry's first local version
-//!              (0: a document end)
-//!   deletes    per replica: count; per delete entry, in counter order
-//!              (its counter is implicit: the next one no insert entry
-//!              holds): how far its last target sits before the end of
-//!              the replica's latest insert entry (zig-zag; 0 for a
-//!              backspace over what was just typed), and the length
-//!              shifted left once, the low bit set when reversed
-//!   text       the visible text, UTF-8, compressed (`codec::lz`: its
-//!              length, then the compressed bytes, length-prefixed)
+//!   structure  the numbers below, in columns (`columns.rs`): the counts
+//!              of runs and entries, then each kind of number in a block
+//!              of its own, Huffman-coded (`codec::huffman`)
+//!     runs       per run, in document order: its first local version
+//!                (zig-zag, from the previous run's end), and its length
+//!                shifted left once, the low bit set when deleted
+//!     inserts    per insert entry, in local-version order (its first
+//!                local version is the sum of the lengths before): the
+//!                replica's index (left out when there is one), the
+//!                counter (as the gap after the replica's previous entry),
+//!                the length shifted left three times with how the origins
+//!                are given in the low bits, and the origins given in full
+//!                as distances back from the entry's first local version
+//!                (0: a document end)
+//!     deletes    per replica, per delete entry, in counter order (its
+//!                counter is implicit: the next one no insert entry
+//!                holds): how far its last target sits before the end of
+//!                the replica's latest insert entry (zig-zag; 0 for a
+//!                backspace over what was just typed), and the length
+//!                shifted left once, the low bit set when reversed
+//!   text       the visible text, UTF-8, compressed (`codec::lz`: LZ77
+//!              tokens in five Huffman-coded streams)
 //!   buffered   count, then each buffered op in full
 //! ```
 //!
@@ -63,9 +66,13 @@
 //! documents from peers you trust to run calm, or exchange ops and deltas
 //! with untrusted ones: ops are integrated, never trusted.
 //!
-//! Format version 1 wrote the document as its ops and replayed them on
-//! load; [`super::encoding`] still reads it.
+//! Format version 2 wrote the same numbers entry by entry and the text's
+//! tokens as they are, with no entropy coding; [`read`] still reads it
+//! (through `Columns::split_version_2` and `lz::read_version_2`). Format
+//! version 1 wrote the document as its ops and replayed them on load;
+//! [`super::encoding`] still reads it.
 
+use super::columns::{Columns, Counts, Read};
 use super::document::Text;
 use super::encoding::{read_buffered, write_buffered};
 use super::history::History;
@@ -100,25 +107,30 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
             }
         }
     }
-    enc.length(runs.len());
+    let mut c = Columns::<Encoder>::default();
+    let mut counts = Counts {
+        runs: runs.len(),
+        inserts: h.inserts.len(),
+        deletes: Vec::with_capacity(kept.len()),
+    };
     let mut end = 0i64;
     for r in &runs {
-        enc.signed_varint(i64::from(r.lv) - end);
+        c.run_starts.signed_varint(i64::from(r.lv) - end);
         end = i64::from(r.end());
-        enc.varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
+        c.run_lens
+            .varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
     }
     let layout = Layout::new(&runs, h.items);
     let firsts: Vec<u32> = h.inserts.iter().map(|e| e.lv).collect();
     let guesses = layout.guesses(&firsts);
-    enc.length(h.inserts.len());
     let mut next = vec![1u64; kept.len()];
     for (i, e) in h.inserts.iter().enumerate() {
         let a = index[e.agent as usize] as usize;
         let len = h.entry_len(i);
         if kept.len() != 1 {
-            enc.varint(a as u64);
+            c.replicas.varint(a as u64);
         }
-        enc.varint(e.counter - next[a]);
+        c.gaps.varint(e.counter - next[a]);
         next[a] = e.counter + u64::from(len);
         let [after, after_visible, before, _] = guesses[i];
         let left = if e.origin_left == after {
@@ -129,26 +141,29 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
             2
         };
         let right = u64::from(e.origin_right != before);
-        enc.varint(u64::from(len) << 3 | (left + 3 * right));
+        c.lens.varint(u64::from(len) << 3 | (left + 3 * right));
         if left == 2 {
-            write_origin(enc, e.lv, e.origin_left);
+            write_origin(&mut c.origins, e.lv, e.origin_left);
         }
         if right == 1 {
-            write_origin(enc, e.lv, e.origin_right);
+            write_origin(&mut c.origins, e.lv, e.origin_right);
         }
     }
     for &a in &kept {
         let deletes = &h.agents[a].deletes;
-        enc.length(deletes.len());
+        counts.deletes.push(deletes.len());
         let mut typed = Typed::default();
         for d in deletes {
             let counter = typed.skip(h, a);
             debug_assert_eq!(counter, d.counter);
             typed.at += u64::from(d.len());
-            enc.signed_varint(i64::from(typed.end) - i64::from(d.target + d.len()));
-            enc.varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
+            c.backs
+                .signed_varint(i64::from(typed.end) - i64::from(d.target + d.len()));
+            c.delete_lens
+                .varint(u64::from(d.len()) << 1 | u64::from(d.reversed()));
         }
     }
+    c.write(&counts, enc);
     let mut visible = String::with_capacity(text.tree.metrics().bytes);
     visible.extend(text.chunks());
     lz::write(enc, visible.as_bytes());
@@ -270,13 +285,18 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         .filter(|&i| i <= MAX_ITEMS)
         .ok_or_else(|| dec.invalid("too many characters"))?;
 
-    let count = dec.length()?;
-    let mut runs: Vec<Run> = Vec::with_capacity(count);
+    let (counts, columns) = if dec.version() >= 3 {
+        Read::read(dec, n)?
+    } else {
+        Read::split_version_2(dec, n)?
+    };
+    let mut c = columns.decoders();
+    let mut runs: Vec<Run> = Vec::with_capacity(counts.runs);
     let mut end = 0i64;
     let mut visible = 0u64;
-    for _ in 0..count {
-        let lv = read_lv(dec, end, items)?;
-        let (len, deleted) = read_len(dec, items - lv)?;
+    for _ in 0..counts.runs {
+        let lv = read_lv(&mut c.run_starts, end, items)?;
+        let (len, deleted) = read_len(&mut c.run_lens, items - lv)?;
         let run = Run::new(lv, len, deleted);
         if runs.last().is_some_and(|p| p.joins(run)) {
             return Err(dec.invalid("runs not joined"));
@@ -290,19 +310,19 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         return Err(dec.invalid("runs overlap or leave a gap"));
     }
 
-    let entries = dec.length()?;
+    let entries = counts.inserts;
     let mut raw: Vec<RawEntry> = Vec::with_capacity(entries);
     let mut firsts: Vec<u32> = Vec::with_capacity(entries);
     let mut next = vec![1u64; n];
     let mut lv = 0u32;
     for _ in 0..entries {
-        let a = if n == 1 { 0 } else { dec.varint()? };
+        let a = if n == 1 { 0 } else { c.replicas.varint()? };
         let a = usize::try_from(a)
             .ok()
             .filter(|&a| a < n)
             .ok_or_else(|| dec.invalid("replica index out of range"))?;
-        let counter = next[a].checked_add(dec.varint()?);
-        let packed = dec.varint()?;
+        let counter = next[a].checked_add(c.gaps.varint()?);
+        let packed = c.lens.varint()?;
         let (len, code) = (packed >> 3, packed & 7);
         let end = counter.and_then(|c| c.checked_add(len));
         let (Some(counter), Some(end)) = (counter, end) else {
@@ -313,12 +333,12 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         }
         let (left, right) = ((code % 3) as u8, (code / 3) as u8);
         let origin_left = if left == 2 {
-            read_origin(dec, lv)?
+            read_origin(&mut c.origins, lv)?
         } else {
             NONE
         };
         let origin_right = if right == 1 {
-            read_origin(dec, lv)?
+            read_origin(&mut c.origins, lv)?
         } else {
             NONE
         };
@@ -362,12 +382,11 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // Each delete entry's targets, as `start << 32 | end`.
     let mut dead: Vec<u64> = Vec::new();
     for (a, &k) in known.iter().enumerate() {
-        let count = dec.length()?;
         let mut typed = Typed::default();
-        for _ in 0..count {
+        for _ in 0..counts.deletes[a] {
             let counter = typed.skip(h, a);
-            let back = dec.signed_varint()?;
-            let (len, reversed) = read_len(dec, items)?;
+            let back = c.backs.signed_varint()?;
+            let (len, reversed) = read_len(&mut c.delete_lens, items)?;
             let target = i64::from(typed.end)
                 .checked_sub(back)
                 .and_then(|end| end.checked_sub(i64::from(len)))
@@ -390,6 +409,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             dead.push(u64::from(target) << 32 | u64::from(target + len));
         }
     }
+    c.finish()?;
     let offset = dec.offset();
     let invalid = |what| DecodeError::Invalid { offset, what };
     // Each replica's entries tile its counters.
@@ -489,8 +509,13 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     }
 
     let at = dec.offset();
+    let visible_text = if dec.version() >= 3 {
+        lz::read(dec)?
+    } else {
+        lz::read_version_2(dec)?
+    };
     let visible_text =
-        String::from_utf8(lz::read(dec)?).map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
+        String::from_utf8(visible_text).map_err(|_| DecodeError::InvalidUtf8 { offset: at })?;
     let visible_text = visible_text.as_str();
     if char_len(visible_text) as u64 != visible {
         return Err(DecodeError::Invalid {

@@ -1,0 +1,225 @@
+//! The numbers of a document's layout ([`super::snapshot`]) in columns:
+//! each kind of number in a stream of its own, Huffman-coded on its own,
+//! because each has its own distribution (run lengths are small, local
+//! versions jump, most origins are guessed).
+//!
+//! ```text
+//!   counts     runs, insert entries, then per replica its delete entries
+//!              (varints)
+//!   columns    eight blocks (`codec::huffman`), in this order:
+//!     run_starts    each run's first local version (zig-zag delta)
+//!     run_lens      each run's length and deleted flag
+//!     replicas      each insert entry's replica index (empty with one)
+//!     gaps          each insert entry's counter gap
+//!     lens          each insert entry's length and origin code
+//!     origins       the origins given in full, left before right
+//!     backs         each delete entry's target (zig-zag distance)
+//!     delete_lens   each delete entry's length and reversed flag
+//! ```
+//!
+//! Format version 2 wrote the same numbers interleaved, entry by entry
+//! and uncoded; [`Columns::split_version_2`] sorts them into columns, so
+//! one reader serves both.
+
+use crate::codec::{self, DecodeError, Decoder, Encoder};
+
+/// How many runs and entries the columns hold.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    pub(super) runs: usize,
+    pub(super) inserts: usize,
+    /// Per replica (in the document's order), its delete entries.
+    pub(super) deletes: Vec<usize>,
+}
+
+/// One value per column (an [`Encoder`] to write, a [`Decoder`] to read);
+/// the module docs say what each holds.
+#[derive(Debug, Default)]
+pub(super) struct Columns<T> {
+    pub(super) run_starts: T,
+    pub(super) run_lens: T,
+    pub(super) replicas: T,
+    pub(super) gaps: T,
+    pub(super) lens: T,
+    pub(super) origins: T,
+    pub(super) backs: T,
+    pub(super) delete_lens: T,
+}
+
+impl<T> Columns<T> {
+    fn from_array(
+        [
+            run_starts,
+            run_lens,
+            replicas,
+            gaps,
+            lens,
+            origins,
+            backs,
+            delete_lens,
+        ]: [T; 8],
+    ) -> Self {
+        Self {
+            run_starts,
+            run_lens,
+            replicas,
+            gaps,
+            lens,
+            origins,
+            backs,
+            delete_lens,
+        }
+    }
+
+    fn into_array(self) -> [T; 8] {
+        [
+            self.run_starts,
+            self.run_lens,
+            self.replicas,
+            self.gaps,
+            self.lens,
+            self.origins,
+            self.backs,
+            self.delete_lens,
+        ]
+    }
+}
+
+impl Columns<Encoder> {
+    /// Writes `counts` and the columns, coded.
+    pub(super) fn write(self, counts: &Counts, enc: &mut Encoder) {
+        enc.length(counts.runs);
+        enc.length(counts.inserts);
+        for &d in &counts.deletes {
+            enc.length(d);
+        }
+        for column in self.into_array() {
+            codec::huffman::write(enc, &column.into_bytes());
+        }
+    }
+}
+
+/// The columns as read, decoded: the bytes [`Columns::decoders`] reads.
+pub(super) type Read = Columns<Vec<u8>>;
+
+impl Read {
+    /// Reads what [`Columns::write`] wrote, for `replicas` replicas. The
+    /// counts are checked against the columns (every run and entry takes
+    /// at least one byte of its first column), so allocating by them is
+    /// bounded by the input.
+    pub(super) fn read(
+        dec: &mut Decoder<'_>,
+        replicas: usize,
+    ) -> Result<(Counts, Self), DecodeError> {
+        let offset = dec.offset();
+        let mut count = || {
+            dec.varint()
+                .map(|c| usize::try_from(c).unwrap_or(usize::MAX))
+        };
+        let runs = count()?;
+        let inserts = count()?;
+        let mut deletes = Vec::new();
+        let mut total = 0usize;
+        for _ in 0..replicas {
+            let d = count()?;
+            total = total.saturating_add(d);
+            deletes.push(d);
+        }
+        let mut blocks = Vec::with_capacity(8);
+        for _ in 0..8 {
+            blocks.push(codec::huffman::read(dec)?);
+        }
+        let blocks: [Vec<u8>; 8] = blocks
+            .try_into()
+            .map_err(|_| dec.invalid("columns missing"))?;
+        let columns = Self::from_array(blocks);
+        if runs > columns.run_starts.len()
+            || inserts > columns.gaps.len()
+            || total > columns.backs.len()
+        {
+            return Err(DecodeError::Invalid {
+                offset,
+                what: "more runs or entries than their columns hold",
+            });
+        }
+        Ok((
+            Counts {
+                runs,
+                inserts,
+                deletes,
+            },
+            columns,
+        ))
+    }
+
+    /// Reads the interleaved numbers of format version 2 into columns.
+    pub(super) fn split_version_2(
+        dec: &mut Decoder<'_>,
+        replicas: usize,
+    ) -> Result<(Counts, Self), DecodeError> {
+        let mut c = Columns::<Encoder>::default();
+        let copy =
+            |dec: &mut Decoder<'_>, to: &mut Encoder| dec.varint().inspect(|&v| to.varint(v));
+        let runs = dec.length()?;
+        for _ in 0..runs {
+            copy(dec, &mut c.run_starts)?;
+            copy(dec, &mut c.run_lens)?;
+        }
+        let inserts = dec.length()?;
+        for _ in 0..inserts {
+            if replicas != 1 {
+                copy(dec, &mut c.replicas)?;
+            }
+            copy(dec, &mut c.gaps)?;
+            let code = copy(dec, &mut c.lens)? & 7;
+            if code % 3 == 2 {
+                copy(dec, &mut c.origins)?;
+            }
+            if code / 3 == 1 {
+                copy(dec, &mut c.origins)?;
+            }
+        }
+        let mut deletes = Vec::with_capacity(replicas);
+        for _ in 0..replicas {
+            let d = dec.length()?;
+            for _ in 0..d {
+                copy(dec, &mut c.backs)?;
+                copy(dec, &mut c.delete_lens)?;
+            }
+            deletes.push(d);
+        }
+        let columns = Self::from_array(c.into_array().map(Encoder::into_bytes));
+        Ok((
+            Counts {
+                runs,
+                inserts,
+                deletes,
+            },
+            columns,
+        ))
+    }
+
+    /// A decoder over each column.
+    pub(super) fn decoders(&self) -> Columns<Decoder<'_>> {
+        Columns::from_array(
+            [
+                &self.run_starts,
+                &self.run_lens,
+                &self.replicas,
+                &self.gaps,
+                &self.lens,
+                &self.origins,
+                &self.backs,
+                &self.delete_lens,
+            ]
+            .map(|b| Decoder::new(b)),
+        )
+    }
+}
+
+impl Columns<Decoder<'_>> {
+    /// Checks that every column was read to its end.
+    pub(super) fn finish(self) -> Result<(), DecodeError> {
+        self.into_array().iter().try_for_each(Decoder::finish)
+    }
+}
