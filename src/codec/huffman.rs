@@ -7,8 +7,9 @@
 //!
 //! ```text
 //!   block   n << 1 | coded (varint); when not coded, the n bytes;
-//!           when coded: the code, then the bits (length-prefixed bytes,
-//!           least significant bit first, the last byte zero-padded)
+//!           when coded: the code, then four bit streams (byte i of the
+//!           string coded in stream i % 4), each length-prefixed bytes,
+//!           least significant bit first, the last byte zero-padded
 //!   code    how many byte values occur (varint, >= 1); per value, in
 //!           increasing order, its distance from the previous one
 //!           (varint; the first from -1); then their code lengths, four
@@ -34,27 +35,45 @@ const MAX_LEN: u32 = 12;
 /// Code lengths per byte value (0: the value does not occur).
 type Lengths = [u8; 256];
 
-/// How often each byte value occurs in `input`.
+/// How often each byte value occurs in `input` (four tables, so that
+/// runs of one value do not wait on one counter).
 fn counts(input: &[u8]) -> [u32; 256] {
-    let mut c = [0u32; 256];
-    for &b in input {
-        c[usize::from(b)] += 1;
+    let mut c = [[0u32; 256]; 4];
+    let mut quads = input.chunks_exact(4);
+    for q in &mut quads {
+        for (table, &b) in c.iter_mut().zip(q) {
+            table[usize::from(b)] += 1;
+        }
     }
-    c
+    for &b in quads.remainder() {
+        c[0][usize::from(b)] += 1;
+    }
+    std::array::from_fn(|b| c.iter().map(|t| t[b]).sum())
 }
 
 /// Huffman code lengths for `counts`, limited to [`MAX_LEN`] bits and
 /// fully determined by the counts (ties broken by byte value).
 fn lengths(counts: &[u32; 256]) -> Lengths {
     let mut len = [0u8; 256];
-    // The byte values that occur, rarest first.
-    let mut leaves: Vec<u8> = (0..=255u8)
-        .filter(|&b| counts[usize::from(b)] > 0)
-        .collect();
-    leaves.sort_by_key(|&b| (counts[usize::from(b)], b));
-    match leaves[..] {
+    // The byte values that occur, rarest first (sorted as count << 8 | b).
+    let mut keys = [0u64; 256];
+    let mut n = 0;
+    for (b, &c) in counts.iter().enumerate() {
+        if c > 0 {
+            keys[n] = u64::from(c) << 8 | b as u64;
+            n += 1;
+        }
+    }
+    let keys = &mut keys[..n];
+    keys.sort_unstable();
+    let mut leaves = [0u8; 256];
+    for (leaf, &k) in leaves.iter_mut().zip(keys.iter()) {
+        *leaf = k as u8;
+    }
+    let leaves = &leaves[..n];
+    match leaves {
         [] => return len,
-        [only] => {
+        &[only] => {
             len[usize::from(only)] = 1;
             return len;
         }
@@ -62,34 +81,36 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
     }
     // Two-queue Huffman: leaves in order of weight, and internal nodes,
     // which are made in order of weight; each node remembers its parent.
-    let n = leaves.len();
-    let mut weight: Vec<u64> = leaves
-        .iter()
-        .map(|&b| u64::from(counts[usize::from(b)]))
-        .collect();
-    let mut parent = vec![0usize; 2 * n - 1];
+    let mut weight = [0u64; 511];
+    for (w, &k) in weight.iter_mut().zip(keys.iter()) {
+        *w = k >> 8;
+    }
+    let mut parent = [0u16; 511];
     let (mut leaf, mut node) = (0, n);
     for made in n..2 * n - 1 {
-        let mut pick = || {
-            let take_leaf = leaf < n && (node >= made || weight[leaf] <= weight[node]);
-            let i = if take_leaf { &mut leaf } else { &mut node };
-            *i += 1;
-            *i - 1
-        };
-        let (a, b) = (pick(), pick());
-        weight.push(weight[a] + weight[b]);
-        parent[a] = made;
-        parent[b] = made;
+        let mut kids = [0usize; 2];
+        for kid in &mut kids {
+            if leaf < n && (node >= made || weight[leaf] <= weight[node]) {
+                *kid = leaf;
+                leaf += 1;
+            } else {
+                *kid = node;
+                node += 1;
+            }
+        }
+        weight[made] = weight[kids[0]] + weight[kids[1]];
+        parent[kids[0]] = made as u16;
+        parent[kids[1]] = made as u16;
     }
     // Depths from the root (the last node) down: parents come later.
-    let mut depth = vec![0u32; 2 * n - 1];
+    let mut depth = [0u8; 511];
     for i in (0..2 * n - 2).rev() {
-        depth[i] = depth[parent[i]] + 1;
+        depth[i] = depth[usize::from(parent[i])] + 1;
     }
-    for (i, &b) in leaves.iter().enumerate() {
-        len[usize::from(b)] = depth[i].min(MAX_LEN) as u8;
+    for (&d, &b) in depth.iter().zip(leaves) {
+        len[usize::from(b)] = d.min(MAX_LEN as u8);
     }
-    limit(&mut len, &leaves);
+    limit(&mut len, leaves);
     len
 }
 
@@ -103,16 +124,17 @@ fn limit(len: &mut Lengths, rarest_first: &[u8]) {
         .iter()
         .map(|&b| unit(len[usize::from(b)]))
         .sum();
-    while kraft > cap {
-        // Some code is shorter than MAX_LEN while the sum is over one:
-        // 256 codes of MAX_LEN bits sum to 1/16.
-        let Some(&b) = rarest_first
-            .iter()
-            .find(|&&b| u32::from(len[usize::from(b)]) < MAX_LEN)
-        else {
-            break;
-        };
-        let l = &mut len[usize::from(b)];
+    // The rarest code shorter than MAX_LEN only moves towards the more
+    // frequent (a code at MAX_LEN stays there), so one cursor finds it.
+    // While the sum is over one, some code is shorter than MAX_LEN: 256
+    // codes of MAX_LEN bits sum to 1/16.
+    let mut next = 0;
+    while kraft > cap && next < rarest_first.len() {
+        let l = &mut len[usize::from(rarest_first[next])];
+        if u32::from(*l) == MAX_LEN {
+            next += 1;
+            continue;
+        }
         kraft -= unit(*l + 1);
         *l += 1;
     }
@@ -168,27 +190,89 @@ fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-/// The coded size of a string with `counts` under `len`: the code, the
-/// bits' length prefix and the bits.
-fn coded_size(counts: &[u32; 256], len: &Lengths) -> usize {
-    let bits: u64 = counts
-        .iter()
-        .zip(len)
-        .map(|(&c, &l)| u64::from(c) * u64::from(l))
-        .sum();
-    let bytes = bits.div_ceil(8) as usize;
-    code_size(len) + varint_len(bytes as u64) + bytes
+/// How many bit streams a block's bytes are dealt to, in turn (byte `i`
+/// to stream `i % STREAMS`), so that decoding runs that many independent
+/// chains of table lookups at once.
+const STREAMS: usize = 4;
+
+/// How many bits each stream takes for `input` under `len`.
+fn stream_bits(input: &[u8], len: &Lengths) -> [u64; STREAMS] {
+    let mut bits = [0u64; STREAMS];
+    for group in input.chunks(STREAMS) {
+        for (b, &x) in bits.iter_mut().zip(group) {
+            *b += u64::from(len[usize::from(x)]);
+        }
+    }
+    bits
+}
+
+/// The coded size of a block whose streams take `bytes`: the code, then
+/// each stream length-prefixed.
+fn coded_size(len: &Lengths, bytes: impl Iterator<Item = usize>) -> usize {
+    code_size(len) + bytes.map(|n| varint_len(n as u64) + n).sum::<usize>()
+}
+
+/// One stream being written: `have` bits in `acc` not yet in `out`.
+#[derive(Default)]
+struct Sink {
+    out: Vec<u8>,
+    acc: u64,
+    have: u32,
+}
+
+impl Sink {
+    /// Appends a code: `entry` holds the code in its low 16 bits and its
+    /// length above.
+    #[inline]
+    fn put(&mut self, entry: u32) {
+        self.acc |= u64::from(entry & 0xffff) << self.have;
+        self.have += entry >> 16;
+        if self.have >= 32 {
+            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
+            self.acc >>= 32;
+            self.have -= 32;
+        }
+    }
+
+    /// The bytes, the last zero-padded.
+    fn finish(mut self) -> Vec<u8> {
+        let tail = self.have.div_ceil(8) as usize;
+        self.out.extend_from_slice(&self.acc.to_le_bytes()[..tail]);
+        self.out
+    }
+}
+
+/// `input` coded under `len`, dealt to the streams.
+fn encode(input: &[u8], len: &Lengths) -> [Vec<u8>; STREAMS] {
+    let code = codes(len);
+    // Code and length in one word: one load per byte.
+    let entry: [u32; 256] = std::array::from_fn(|b| u32::from(code[b]) | u32::from(len[b]) << 16);
+    let mut sinks: [Sink; STREAMS] = std::array::from_fn(|_| Sink {
+        out: Vec::with_capacity(input.len() / STREAMS + 8),
+        ..Sink::default()
+    });
+    let mut groups = input.chunks_exact(STREAMS);
+    for g in &mut groups {
+        for s in 0..STREAMS {
+            sinks[s].put(entry[usize::from(g[s])]);
+        }
+    }
+    for (sink, &x) in sinks.iter_mut().zip(groups.remainder()) {
+        sink.put(entry[usize::from(x)]);
+    }
+    sinks.map(Sink::finish)
 }
 
 /// Writes `input` as one block (see the module docs).
 pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
-    let c = counts(input);
-    let len = lengths(&c);
-    if input.is_empty() || coded_size(&c, &len) >= input.len() {
+    let len = lengths(&counts(input));
+    let streams = (!input.is_empty()).then(|| encode(input, &len));
+    let Some(streams) = streams.filter(|s| coded_size(&len, s.iter().map(Vec::len)) < input.len())
+    else {
         enc.varint((input.len() as u64) << 1);
         enc.raw(input);
         return;
-    }
+    };
     enc.varint((input.len() as u64) << 1 | 1);
     let used: Vec<usize> = (0..256).filter(|&b| len[b] > 0).collect();
     enc.length(used.len());
@@ -201,35 +285,27 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
         let high = pair.get(1).map_or(0, |&b| len[b] << 4);
         enc.byte(len[pair[0]] | high);
     }
-    let code = codes(&len);
-    let mut bits = Vec::with_capacity(coded_size(&c, &len));
-    let (mut acc, mut n) = (0u64, 0u32);
-    for &b in input {
-        acc |= u64::from(code[usize::from(b)]) << n;
-        n += u32::from(len[usize::from(b)]);
-        if n >= 32 {
-            bits.extend_from_slice(&(acc as u32).to_le_bytes());
-            acc >>= 32;
-            n -= 32;
-        }
+    for s in &streams {
+        enc.bytes(s);
     }
-    bits.extend_from_slice(&acc.to_le_bytes()[..n.div_ceil(8) as usize]);
-    enc.bytes(&bits);
 }
 
-/// Reads what [`write`] wrote, and only that (see the module docs).
-pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
+/// Reads what [`write`] wrote, and only that (see the module docs),
+/// appending the bytes to `out`; returns how many.
+pub(crate) fn read_into(dec: &mut Decoder<'_>, out: &mut Vec<u8>) -> Result<usize, DecodeError> {
     let offset = dec.offset();
     let invalid = |what| DecodeError::Invalid { offset, what };
     let head = dec.varint()?;
     let n = usize::try_from(head >> 1).map_err(|_| invalid("block too long"))?;
     if head & 1 == 0 {
-        let out = dec.raw(n)?.to_vec();
-        let c = counts(&out);
-        if !out.is_empty() && coded_size(&c, &lengths(&c)) < n {
+        let plain = dec.raw(n)?;
+        let len = lengths(&counts(plain));
+        let bits = stream_bits(plain, &len);
+        if n > 0 && coded_size(&len, bits.iter().map(|b| b.div_ceil(8) as usize)) < n {
             return Err(invalid("block not coded where coding is shorter"));
         }
-        return Ok(out);
+        out.extend_from_slice(plain);
+        return Ok(n);
     }
     let used = dec.length()?;
     if used == 0 || used > 256 {
@@ -265,77 +341,141 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     if kraft > 1 << MAX_LEN {
         return Err(invalid("code lengths over-subscribed"));
     }
-    let bits = dec.bytes()?;
-    if n > bits.len().saturating_mul(8) {
+    let mut streams = [&[][..]; STREAMS];
+    for s in &mut streams {
+        *s = dec.bytes()?;
+    }
+    let stored: usize = streams.iter().map(|s| s.len()).sum();
+    if n > stored.saturating_mul(8) {
         return Err(invalid("more bytes declared than the bits can hold"));
     }
-    let out = decode(&len, bits, n).ok_or(invalid("coded bits do not decode"))?;
+    let start = out.len();
+    out.resize(start + n, 0);
+    let decoded = decode(&len, streams, &mut out[start..]);
     // Canonical: the code is the one the counts give, coding was the
-    // shorter choice, and the bits end in the last byte.
-    let c = counts(&out);
-    if lengths(&c) != len || coded_size(&c, &len) >= n {
-        return Err(invalid("coded block not in its canonical form"));
+    // shorter choice, and each stream ends in its last byte.
+    let canonical = decoded.is_some()
+        && lengths(&counts(&out[start..])) == len
+        && coded_size(&len, streams.iter().map(|s| s.len())) < n;
+    if !canonical {
+        out.truncate(start);
+        return Err(invalid(if decoded.is_some() {
+            "coded block not in its canonical form"
+        } else {
+            "coded bits do not decode"
+        }));
     }
-    Ok(out)
+    Ok(n)
 }
 
-/// Decodes `n` bytes from `bits` under the code `len`, or `None` if the
-/// bits hold an unused code, run short, or do not end in their last
-/// byte with zero padding.
-fn decode(len: &Lengths, bits: &[u8], n: usize) -> Option<Vec<u8>> {
+/// One stream being decoded.
+#[derive(Clone, Copy)]
+struct Bits<'a> {
+    bits: &'a [u8],
+    /// `have` unread bits (and possibly, above them, bits of the byte at
+    /// `at`, which the next refill ORs in again unchanged).
+    acc: u64,
+    have: u32,
+    /// The bytes loaded so far (`at * 8 - have` bits were decoded).
+    at: usize,
+}
+
+impl<'a> Bits<'a> {
+    fn new(bits: &'a [u8]) -> Self {
+        Self {
+            bits,
+            acc: 0,
+            have: 0,
+            at: 0,
+        }
+    }
+
+    /// Loads bits until at least 56 are unread or the input ends: four
+    /// codes of at most [`MAX_LEN`] bits always fit unless it ended.
+    #[inline]
+    fn refill(&mut self) {
+        if let Some(word) = self.bits.get(self.at..self.at + 8) {
+            let word = u64::from_le_bytes(word.try_into().unwrap_or([0; 8]));
+            self.acc |= word << self.have;
+            self.at += ((63 - self.have) / 8) as usize;
+            self.have |= 56;
+        } else {
+            while self.have <= 56 && self.at < self.bits.len() {
+                self.acc |= u64::from(self.bits[self.at]) << self.have;
+                self.at += 1;
+                self.have += 8;
+            }
+        }
+    }
+
+    /// The next byte, or `None` at an unused code or past the end.
+    #[inline]
+    fn take(&mut self, table: &[u16; TABLE]) -> Option<u8> {
+        let entry = table[(self.acc as usize) & (TABLE - 1)];
+        let l = u32::from(entry >> 8);
+        if l > self.have {
+            return None;
+        }
+        self.acc >>= l;
+        self.have -= l;
+        Some(entry as u8)
+    }
+
+    /// Whether the bits ended in the last byte, its unused high bits zero.
+    fn ended(&self) -> bool {
+        let total = self.at * 8 - self.have as usize;
+        let last = self.bits.last().map_or(0, |&b| u32::from(b) >> (total % 8));
+        self.at == self.bits.len() && self.have < 8 && (total % 8 == 0 || last == 0)
+    }
+}
+
+/// Entries in the decoding table: one per [`MAX_LEN`]-bit string.
+const TABLE: usize = 1 << MAX_LEN;
+
+/// Decodes `out.len()` bytes from `streams` under the code `len`, or
+/// `None` if the bits hold an unused code, run short, or do not end in
+/// their last byte with zero padding.
+fn decode(len: &Lengths, streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()> {
     let code = codes(len);
-    let width = u32::from(*len.iter().max()?);
     // Entry: the byte value and its code length (past any bit count
-    // where no code is there).
-    let mut table = vec![u16::MAX; 1 << width];
+    // where no code is there), at every index whose low bits are a code.
+    let mut table = Box::new([u16::MAX; TABLE]);
     for (b, &l) in len.iter().enumerate() {
         if l > 0 {
-            let step = 1usize << l;
-            for i in (usize::from(code[b])..table.len()).step_by(step) {
+            for i in (usize::from(code[b])..TABLE).step_by(1 << l) {
                 table[i] = b as u16 | u16::from(l) << 8;
             }
         }
     }
-    let mask = (1u64 << width) - 1;
-    let mut out = vec![0u8; n];
-    // `acc` holds `have` unread bits (and possibly, above them, bits of
-    // the byte at `at`, which the next refill ORs in again unchanged).
-    let (mut acc, mut have, mut at) = (0u64, 0u32, 0usize);
-    let mut total = 0usize;
-    // Four codes of at most MAX_LEN bits fit in the 56 bits or more a
-    // refill leaves, unless the input ends (then every bit is loaded).
-    for chunk in out.chunks_mut(4) {
-        if let Some(word) = bits.get(at..at + 8) {
-            acc |= u64::from_le_bytes(word.try_into().ok()?) << have;
-            at += ((63 - have) / 8) as usize;
-            have |= 56;
-        } else {
-            while have <= 56 && at < bits.len() {
-                acc |= u64::from(bits[at]) << have;
-                at += 1;
-                have += 8;
-            }
+    let mut bits = streams.map(Bits::new);
+    let mut chunks = out.chunks_exact_mut(4 * STREAMS);
+    for chunk in &mut chunks {
+        for b in &mut bits {
+            b.refill();
         }
-        for slot in chunk {
-            let entry = table[(acc & mask) as usize];
-            let l = u32::from(entry >> 8);
-            if l > have {
-                return None;
+        for k in 0..4 {
+            for s in 0..STREAMS {
+                chunk[k * STREAMS + s] = bits[s].take(&table)?;
             }
-            *slot = entry as u8;
-            acc >>= l;
-            have -= l;
-            total += l as usize;
         }
     }
-    // The bits end in the last byte, and its unused high bits are zero.
-    let last = bits.last().map_or(0, |&b| u32::from(b) >> (total % 8));
-    (total.div_ceil(8) == bits.len() && (total % 8 == 0 || last == 0)).then_some(out)
+    for b in &mut bits {
+        b.refill();
+    }
+    for (i, slot) in chunks.into_remainder().iter_mut().enumerate() {
+        *slot = bits[i % STREAMS].take(&table)?;
+    }
+    bits.iter().all(Bits::ended).then_some(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
+        let mut out = Vec::new();
+        read_into(dec, &mut out).map(|_| out)
+    }
 
     fn round_trip(input: &[u8]) -> usize {
         let mut enc = Encoder::new();

@@ -180,11 +180,15 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     let invalid = |what| DecodeError::Invalid { offset, what };
     let n = usize::try_from(dec.varint()?)
         .map_err(|_| invalid("compressed length out of proportion"))?;
-    let counts = huffman::read(dec)?;
-    let literals = huffman::read(dec)?;
-    let low = huffman::read(dec)?;
-    let high = huffman::read(dec)?;
-    let copies = huffman::read(dec)?;
+    // The five streams, decoded into one buffer, in order.
+    let mut buf = Vec::new();
+    let mut ends = [0usize; 5];
+    for end in &mut ends {
+        huffman::read_into(dec, &mut buf)?;
+        *end = buf.len();
+    }
+    let [counts, literals, low, high, copies] =
+        std::array::from_fn(|i| &buf[if i == 0 { 0 } else { ends[i - 1] }..ends[i]]);
     if n > literals
         .len()
         .saturating_add(copies.len().saturating_mul(MAX_COPY))
@@ -192,13 +196,13 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
         return Err(invalid("compressed length out of proportion"));
     }
     let (mut counts, mut high, mut copies) = (
-        Decoder::new(&counts),
-        Decoder::new(&high),
-        Decoder::new(&copies),
+        Decoder::new(counts),
+        Decoder::new(high),
+        Decoder::new(copies),
     );
     let (mut out, mut tokens) = (Vec::with_capacity(n), Vec::new());
     let mut lows = low.iter();
-    let mut literal = Decoder::new(&literals);
+    let mut literal = Decoder::new(literals);
     loop {
         let count = usize::try_from(counts.varint()?).unwrap_or(usize::MAX);
         if count > n - out.len() {

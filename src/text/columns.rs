@@ -99,10 +99,14 @@ impl Columns<Encoder> {
     }
 }
 
-/// The columns as read, decoded: the bytes [`Columns::decoders`] reads.
-pub(super) type Read = Columns<Vec<u8>>;
+/// The columns as read, decoded into one buffer, in order.
+pub(super) struct Decoded {
+    bytes: Vec<u8>,
+    /// Where each column ends in `bytes`.
+    ends: [usize; 8],
+}
 
-impl Read {
+impl Decoded {
     /// Reads what [`Columns::write`] wrote, for `replicas` replicas. The
     /// counts are checked against the columns (every run and entry takes
     /// at least one byte of its first column), so allocating by them is
@@ -125,18 +129,17 @@ impl Read {
             total = total.saturating_add(d);
             deletes.push(d);
         }
-        let mut blocks = Vec::with_capacity(8);
-        for _ in 0..8 {
-            blocks.push(codec::huffman::read(dec)?);
+        let mut read = Decoded {
+            bytes: Vec::new(),
+            ends: [0; 8],
+        };
+        for end in &mut read.ends {
+            codec::huffman::read_into(dec, &mut read.bytes)?;
+            *end = read.bytes.len();
         }
-        let blocks: [Vec<u8>; 8] = blocks
-            .try_into()
-            .map_err(|_| dec.invalid("columns missing"))?;
-        let columns = Self::from_array(blocks);
-        if runs > columns.run_starts.len()
-            || inserts > columns.gaps.len()
-            || total > columns.backs.len()
-        {
+        let c = read.decoders();
+        let held = |d: &Decoder<'_>, n: usize| n <= d.remaining();
+        if !held(&c.run_starts, runs) || !held(&c.gaps, inserts) || !held(&c.backs, total) {
             return Err(DecodeError::Invalid {
                 offset,
                 what: "more runs or entries than their columns hold",
@@ -148,7 +151,7 @@ impl Read {
                 inserts,
                 deletes,
             },
-            columns,
+            read,
         ))
     }
 
@@ -188,32 +191,30 @@ impl Read {
             }
             deletes.push(d);
         }
-        let columns = Self::from_array(c.into_array().map(Encoder::into_bytes));
+        let mut read = Decoded {
+            bytes: Vec::new(),
+            ends: [0; 8],
+        };
+        for (column, end) in c.into_array().into_iter().zip(&mut read.ends) {
+            read.bytes.extend_from_slice(&column.into_bytes());
+            *end = read.bytes.len();
+        }
         Ok((
             Counts {
                 runs,
                 inserts,
                 deletes,
             },
-            columns,
+            read,
         ))
     }
 
     /// A decoder over each column.
     pub(super) fn decoders(&self) -> Columns<Decoder<'_>> {
-        Columns::from_array(
-            [
-                &self.run_starts,
-                &self.run_lens,
-                &self.replicas,
-                &self.gaps,
-                &self.lens,
-                &self.origins,
-                &self.backs,
-                &self.delete_lens,
-            ]
-            .map(|b| Decoder::new(b)),
-        )
+        Columns::from_array(std::array::from_fn(|i| {
+            let start = if i == 0 { 0 } else { self.ends[i - 1] };
+            Decoder::new(&self.bytes[start..self.ends[i]])
+        }))
     }
 }
 

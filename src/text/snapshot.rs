@@ -72,7 +72,7 @@
 //! version 1 wrote the document as its ops and replayed them on load;
 //! [`super::encoding`] still reads it.
 
-use super::columns::{Columns, Counts, Read};
+use super::columns::{Columns, Counts, Decoded};
 use super::document::Text;
 use super::encoding::{read_buffered, write_buffered};
 use super::history::History;
@@ -286,9 +286,9 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         .ok_or_else(|| dec.invalid("too many characters"))?;
 
     let (counts, columns) = if dec.version() >= 3 {
-        Read::read(dec, n)?
+        Decoded::read(dec, n)?
     } else {
-        Read::split_version_2(dec, n)?
+        Decoded::split_version_2(dec, n)?
     };
     let mut c = columns.decoders();
     let mut runs: Vec<Run> = Vec::with_capacity(counts.runs);
