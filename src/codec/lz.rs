@@ -14,11 +14,12 @@
 //!     literals   the literal bytes, in order
 //!     low        each copy's distance, its low eight bits
 //!     high       each copy's distance shifted right eight (varints)
-//!     copies     each copy's length - 4 (varints)
+//!     copies     each copy's length - 5 (varints)
 //! ```
 //!
-//! The compressor is greedy with one candidate per 4-byte hash, so it is
-//! fast (a few hundred MB/s) and deterministic: equal inputs compress to
+//! The compressor is greedy with one candidate per 4-byte hash (taken
+//! when at least [`MIN_COPY`] bytes match), so it is fast (a few hundred
+//! MB/s) and deterministic: equal inputs compress to
 //! equal bytes, and the decompressor accepts only those bytes (it
 //! compresses what it read again and compares, and each stream is
 //! canonical), so the format stays canonical. Copies are at most
@@ -26,13 +27,17 @@
 //! decoded `copies` stream, so the declared length is checked against the
 //! streams before the output is allocated.
 //!
-//! Format version 2 wrote the tokens as they are, without entropy coding;
-//! [`read_version_2`] still reads it.
+//! Format version 2 wrote the tokens as they are, without entropy coding,
+//! with copies of four bytes or more; [`read_version_2`] still reads it.
 
 use super::{DecodeError, Decoder, Encoder, huffman};
 
-/// Shortest copy worth a token.
-const MIN_COPY: usize = 4;
+/// Shortest copy worth a token: literals are entropy-coded, so a token
+/// (four numbers) pays only for copies of five bytes or more.
+const MIN_COPY: usize = 5;
+
+/// Shortest copy in format version 2, whose literals were written plain.
+const MIN_COPY_V2: usize = 4;
 
 /// Longest copy, which bounds the expansion of a token.
 const MAX_COPY: usize = 192;
@@ -72,16 +77,9 @@ fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
     len
 }
 
-/// One token of the compressed form: a run of literal bytes, then a copy
-/// (distance back, length), which only the last token lacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Token {
-    literals: usize,
-    copy: Option<(usize, usize)>,
-}
-
-/// Where the compressor's tokens go: the coded streams, or a [`Check`]
-/// against the tokens read.
+/// Where the compressor's tokens go (each a run of literal bytes, then a
+/// copy, distance back and length, which only the last token lacks): the
+/// coded streams, or a [`Check`] against the tokens read.
 trait Sink {
     fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>);
 }
@@ -109,32 +107,10 @@ impl Sink for Streams {
     }
 }
 
-/// Compares the tokens the compressor emits with `expected`, the ones
-/// read, in order. That suffices for the bytes: the literal bytes sit
-/// where equal tokens put them in the output, which the reader copied
-/// them into, and the decoder refuses overlong varints, so equal tokens
-/// are equal bytes.
-struct Check<'a> {
-    expected: &'a [Token],
-    at: usize,
-    same: bool,
-}
-
-impl Sink for Check<'_> {
-    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
-        let token = Token {
-            literals: literals.len(),
-            copy,
-        };
-        self.same = self.same && self.expected.get(self.at) == Some(&token);
-        self.at += 1;
-    }
-}
-
 /// Writes `input` compressed: its length, then the five coded streams.
 pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     let mut streams = Streams::default();
-    compress(input, &mut streams);
+    compress(input, MIN_COPY, &mut streams);
     enc.length(input.len());
     huffman::write(enc, &streams.counts.into_bytes());
     huffman::write(enc, &streams.literals);
@@ -143,12 +119,13 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     huffman::write(enc, &streams.copies.into_bytes());
 }
 
-/// The tokens of `input` (see the module docs), into `out`.
-fn compress(input: &[u8], out: &mut impl Sink) {
+/// The tokens of `input` (see the module docs), into `out`, with copies
+/// of at least `min` bytes (at most 8).
+fn compress(input: &[u8], min: usize, out: &mut impl Sink) {
     let bits = (usize::BITS - input.len().leading_zeros()).clamp(6, HASH_BITS);
     let mut table = vec![u32::MAX; 1 << bits];
     let (mut i, mut literals) = (0, 0);
-    let last = input.len().saturating_sub(MIN_COPY - 1);
+    let last = input.len().saturating_sub(3);
     while i < last {
         let w = word(input, i);
         let h = hash(w, bits);
@@ -159,7 +136,11 @@ fn compress(input: &[u8], out: &mut impl Sink) {
             continue;
         }
         let max = (input.len() - i).min(MAX_COPY);
-        let len = MIN_COPY + common(input, candidate + MIN_COPY, i + MIN_COPY, max - MIN_COPY);
+        let len = 4 + common(input, candidate + 4, i + 4, max - 4);
+        if len < min {
+            i += 1;
+            continue;
+        }
         out.token(&input[literals..i], Some((i - candidate, len)));
         // Only the copy's last two places are remembered (as LZ4 does):
         // hashing every place inside copies doubles the time for little.
@@ -170,6 +151,142 @@ fn compress(input: &[u8], out: &mut impl Sink) {
         literals = i;
     }
     out.token(&input[literals..], None);
+}
+
+/// Tokens read back from the input, one at a time: the coded streams, or
+/// the plain tokens of format version 2.
+trait Source<'a> {
+    /// The next token's literal bytes.
+    fn literals(&mut self) -> Result<&'a [u8], DecodeError>;
+    /// The next token's copy: its distance back and its length.
+    fn copy(&mut self) -> Result<(u64, u64), DecodeError>;
+    /// Whether every token was read.
+    fn done(&self) -> bool;
+}
+
+/// The five streams of the coded form.
+#[derive(Clone)]
+struct Coded<'a> {
+    counts: Decoder<'a>,
+    literals: Decoder<'a>,
+    low: std::slice::Iter<'a, u8>,
+    high: Decoder<'a>,
+    copies: Decoder<'a>,
+}
+
+impl<'a> Source<'a> for Coded<'a> {
+    fn literals(&mut self) -> Result<&'a [u8], DecodeError> {
+        let count = self.counts.varint()?;
+        self.literals
+            .raw(usize::try_from(count).unwrap_or(usize::MAX))
+    }
+
+    fn copy(&mut self) -> Result<(u64, u64), DecodeError> {
+        let low = self
+            .low
+            .next()
+            .ok_or(self.high.invalid("distance missing"))?;
+        let distance = self
+            .high
+            .varint()?
+            .checked_mul(256)
+            .map_or(u64::MAX, |d| d | u64::from(*low));
+        Ok((
+            distance,
+            self.copies.varint()?.saturating_add(MIN_COPY as u64),
+        ))
+    }
+
+    fn done(&self) -> bool {
+        self.low.len() == 0
+            && [&self.counts, &self.literals, &self.high, &self.copies]
+                .iter()
+                .all(|d| d.remaining() == 0)
+    }
+}
+
+/// The tokens of format version 2, as they are.
+#[derive(Clone)]
+struct Plain<'a>(Decoder<'a>);
+
+impl<'a> Source<'a> for Plain<'a> {
+    fn literals(&mut self) -> Result<&'a [u8], DecodeError> {
+        let count = self.0.length()?;
+        self.0.raw(count)
+    }
+
+    fn copy(&mut self) -> Result<(u64, u64), DecodeError> {
+        let distance = self.0.varint()?;
+        Ok((
+            distance,
+            self.0.varint()?.saturating_add(MIN_COPY_V2 as u64),
+        ))
+    }
+
+    fn done(&self) -> bool {
+        self.0.remaining() == 0
+    }
+}
+
+/// Compares the tokens the compressor emits with those read, in order:
+/// each as its literal count, distance and copy length (0 for the last,
+/// which has no copy). That suffices for the bytes: the literal bytes sit
+/// where equal tokens put them in the output, which the reader copied
+/// them into, and the decoder refuses overlong varints, so equal tokens
+/// are equal bytes.
+struct Check<'a> {
+    read: std::slice::Iter<'a, [u32; 3]>,
+    same: bool,
+}
+
+impl Sink for Check<'_> {
+    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
+        let (distance, len) = copy.unwrap_or((0, 0));
+        let token = [literals.len(), distance, len].map(|x| x as u32);
+        self.same = self.same && self.read.next() == Some(&token);
+    }
+}
+
+/// The `n` bytes `tokens` make, if they are exactly the tokens
+/// [`compress`] (with copies of at least `min` bytes) makes of them, so
+/// that accepted bytes re-encode to themselves. `most` bounds how many
+/// tokens there can be.
+fn expand<'a>(
+    mut read: impl Source<'a>,
+    n: usize,
+    min: usize,
+    most: usize,
+) -> Result<Vec<u8>, &'static str> {
+    let mut out = Vec::with_capacity(n);
+    let mut tokens: Vec<[u32; 3]> = Vec::with_capacity(most);
+    loop {
+        let literals = read.literals().map_err(|_| "tokens cut short")?;
+        if literals.len() > n - out.len() {
+            return Err("compressed bytes longer than declared");
+        }
+        out.extend_from_slice(literals);
+        if out.len() == n {
+            tokens.push([literals.len() as u32, 0, 0]);
+            break;
+        }
+        let (distance, len) = read.copy().map_err(|_| "tokens cut short")?;
+        copy_within(&mut out, distance, len, n)?;
+        // Both fit: a copy is at most MAX_COPY long, from inside `out`.
+        tokens.push([literals.len() as u32, distance as u32, len as u32]);
+    }
+    if !read.done() {
+        return Err("compressed tokens longer than their output");
+    }
+    let mut check = Check {
+        read: tokens.iter(),
+        same: true,
+    };
+    compress(&out, min, &mut check);
+    if check.same && check.read.len() == 0 {
+        Ok(out)
+    } else {
+        Err("compressed bytes not in their canonical form")
+    }
 }
 
 /// Reads what [`write`] wrote, and only that (see the module docs).
@@ -195,55 +312,19 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     {
         return Err(invalid("compressed length out of proportion"));
     }
-    let (mut counts, mut high, mut copies) = (
-        Decoder::new(counts),
-        Decoder::new(high),
-        Decoder::new(copies),
-    );
-    let (mut out, mut tokens) = (Vec::with_capacity(n), Vec::new());
-    let mut lows = low.iter();
-    let mut literal = Decoder::new(literals);
-    loop {
-        let count = usize::try_from(counts.varint()?).unwrap_or(usize::MAX);
-        if count > n - out.len() {
-            return Err(invalid("compressed bytes longer than declared"));
-        }
-        out.extend_from_slice(literal.raw(count)?);
-        if out.len() == n {
-            tokens.push(Token {
-                literals: count,
-                copy: None,
-            });
-            break;
-        }
-        let low = lows.next().ok_or(invalid("distance missing"))?;
-        let distance = high.varint()?.checked_mul(256).map(|d| d | u64::from(*low));
-        let copy = copies.varint()?.saturating_add(MIN_COPY as u64);
-        let copy = copy_within(&mut out, distance.unwrap_or(u64::MAX), copy, n).map_err(invalid)?;
-        tokens.push(Token {
-            literals: count,
-            copy: Some(copy),
-        });
-    }
-    let used = lows.len() == 0
-        && [counts, high, copies, literal]
-            .iter()
-            .all(|d| d.remaining() == 0);
-    if !used {
-        return Err(invalid("compressed streams longer than their tokens"));
-    }
-    canonical(&out, &tokens).map_err(invalid)?;
-    Ok(out)
+    let tokens = Coded {
+        counts: Decoder::new(counts),
+        literals: Decoder::new(literals),
+        low: low.iter(),
+        high: Decoder::new(high),
+        copies: Decoder::new(copies),
+    };
+    expand(tokens, n, MIN_COPY, counts.len()).map_err(invalid)
 }
 
 /// Appends the copy of `len` bytes from `distance` back to `out`, which
-/// must stay at most `n` bytes long; returns the copy as a token's.
-fn copy_within(
-    out: &mut Vec<u8>,
-    distance: u64,
-    len: u64,
-    n: usize,
-) -> Result<(usize, usize), &'static str> {
+/// must stay at most `n` bytes long.
+fn copy_within(out: &mut Vec<u8>, distance: u64, len: u64, n: usize) -> Result<(), &'static str> {
     let start = usize::try_from(distance)
         .ok()
         .filter(|&d| d >= 1 && d <= out.len())
@@ -260,23 +341,7 @@ fn copy_within(
             out.push(out[start + k]);
         }
     }
-    Ok((out.len() - len - start, len))
-}
-
-/// Whether `tokens` are exactly what [`compress`] makes of `out`, so
-/// that accepted bytes re-encode to themselves.
-fn canonical(out: &[u8], tokens: &[Token]) -> Result<(), &'static str> {
-    let mut check = Check {
-        expected: tokens,
-        at: 0,
-        same: true,
-    };
-    compress(out, &mut check);
-    if check.same && check.at == tokens.len() {
-        Ok(())
-    } else {
-        Err("compressed bytes not in their canonical form")
-    }
+    Ok(())
 }
 
 /// Reads a string compressed in format version 2, whose tokens were
@@ -293,37 +358,7 @@ pub(crate) fn read_version_2(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeErr
         .ok()
         .filter(|&n| n <= packed.len().saturating_mul(MAX_RATIO))
         .ok_or(invalid("compressed length out of proportion"))?;
-    let mut out = Vec::with_capacity(n);
-    let mut dec = Decoder::new(packed);
-    // The tokens read, for the canonical check (fewer than the packed
-    // bytes: each takes at least one).
-    let mut tokens = Vec::new();
-    loop {
-        let count = dec.length()?;
-        if count > n - out.len() {
-            return Err(invalid("compressed bytes longer than declared"));
-        }
-        out.extend_from_slice(dec.raw(count)?);
-        if out.len() == n {
-            tokens.push(Token {
-                literals: count,
-                copy: None,
-            });
-            break;
-        }
-        let distance = dec.varint()?;
-        let copy = dec.varint()?.saturating_add(MIN_COPY as u64);
-        let copy = copy_within(&mut out, distance, copy, n).map_err(invalid)?;
-        tokens.push(Token {
-            literals: count,
-            copy: Some(copy),
-        });
-    }
-    if dec.remaining() > 0 {
-        return Err(invalid("bytes after the compressed data"));
-    }
-    canonical(&out, &tokens).map_err(invalid)?;
-    Ok(out)
+    expand(Plain(Decoder::new(packed)), n, MIN_COPY_V2, packed.len()).map_err(invalid)
 }
 
 #[cfg(test)]
@@ -400,10 +435,10 @@ mod tests {
         assert!(read_all(&coded(300, &[1, 0], b"a", &[1], &[250])).is_err());
         assert!(read_all(&coded(1, &[1], b"a", &[1], &[])).is_err());
         assert!(read_all(&coded(1, &[1, 0], b"a", &[], &[])).is_err());
-        assert!(read_all(&coded(6, &[6], b"aaaaaa", &[], &[])).is_err());
+        assert!(read_all(&coded(8, &[8], b"aaaaaaaa", &[], &[])).is_err());
         assert_eq!(
-            read_all(&coded(5, &[1, 0], b"a", &[1], &[0])).expect("valid"),
-            b"aaaaa"
+            read_all(&coded(6, &[1, 0], b"a", &[1], &[0])).expect("valid"),
+            b"aaaaaa"
         );
         assert!(read_all(&coded(600, &[1, 0], b"a", &[1 << 60], &[0])).is_err());
     }
