@@ -212,55 +212,27 @@ fn coded_size(len: &Lengths, bytes: impl Iterator<Item = usize>) -> usize {
     code_size(len) + bytes.map(|n| varint_len(n as u64) + n).sum::<usize>()
 }
 
-/// One stream being written: `have` bits in `acc` not yet in `out`.
-#[derive(Default)]
-struct Sink {
-    out: Vec<u8>,
-    acc: u64,
-    have: u32,
-}
-
-impl Sink {
-    /// Appends a code: `entry` holds the code in its low 16 bits and its
-    /// length above.
-    #[inline]
-    fn put(&mut self, entry: u32) {
-        self.acc |= u64::from(entry & 0xffff) << self.have;
-        self.have += entry >> 16;
-        if self.have >= 32 {
-            self.out.extend_from_slice(&(self.acc as u32).to_le_bytes());
-            self.acc >>= 32;
-            self.have -= 32;
-        }
-    }
-
-    /// The bytes, the last zero-padded.
-    fn finish(mut self) -> Vec<u8> {
-        let tail = self.have.div_ceil(8) as usize;
-        self.out.extend_from_slice(&self.acc.to_le_bytes()[..tail]);
-        self.out
-    }
-}
-
 /// `input` coded under `len`, dealt to the streams.
 fn encode(input: &[u8], len: &Lengths) -> [Vec<u8>; STREAMS] {
     let code = codes(len);
     // Code and length in one word: one load per byte.
     let entry: [u32; 256] = std::array::from_fn(|b| u32::from(code[b]) | u32::from(len[b]) << 16);
-    let mut sinks: [Sink; STREAMS] = std::array::from_fn(|_| Sink {
-        out: Vec::with_capacity(input.len() / STREAMS + 8),
-        ..Sink::default()
-    });
-    let mut groups = input.chunks_exact(STREAMS);
-    for g in &mut groups {
-        for s in 0..STREAMS {
-            sinks[s].put(entry[usize::from(g[s])]);
+    std::array::from_fn(|s| {
+        let mut out = Vec::with_capacity(input.len() / STREAMS + 8);
+        let (mut acc, mut have) = (0u64, 0u32);
+        for &x in input.iter().skip(s).step_by(STREAMS) {
+            let e = entry[usize::from(x)];
+            acc |= u64::from(e & 0xffff) << have;
+            have += e >> 16;
+            if have >= 32 {
+                out.extend_from_slice(&(acc as u32).to_le_bytes());
+                acc >>= 32;
+                have -= 32;
+            }
         }
-    }
-    for (sink, &x) in sinks.iter_mut().zip(groups.remainder()) {
-        sink.put(entry[usize::from(x)]);
-    }
-    sinks.map(Sink::finish)
+        out.extend_from_slice(&acc.to_le_bytes()[..have.div_ceil(8) as usize]);
+        out
+    })
 }
 
 /// Writes `input` as one block (see the module docs).
@@ -410,8 +382,8 @@ impl<'a> Bits<'a> {
 
     /// The next byte, or `None` at an unused code or past the end.
     #[inline]
-    fn take(&mut self, table: &[u16; TABLE]) -> Option<u8> {
-        let entry = table[(self.acc as usize) & (TABLE - 1)];
+    fn take(&mut self, table: &[u16; TABLE], mask: usize) -> Option<u8> {
+        let entry = table[(self.acc as usize) & mask & (TABLE - 1)];
         let l = u32::from(entry >> 8);
         if l > self.have {
             return None;
@@ -438,15 +410,19 @@ const TABLE: usize = 1 << MAX_LEN;
 fn decode(len: &Lengths, streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()> {
     let code = codes(len);
     // Entry: the byte value and its code length (past any bit count
-    // where no code is there), at every index whose low bits are a code.
-    let mut table = Box::new([u16::MAX; TABLE]);
+    // where no code is there), at every index whose low bits are a code;
+    // only as many index bits as the longest code are filled and used.
+    let width = len.iter().max().copied().unwrap_or(0);
+    let used = 1usize << width;
+    let mut table = [u16::MAX; TABLE];
     for (b, &l) in len.iter().enumerate() {
         if l > 0 {
-            for i in (usize::from(code[b])..TABLE).step_by(1 << l) {
+            for i in (usize::from(code[b])..used).step_by(1 << l) {
                 table[i] = b as u16 | u16::from(l) << 8;
             }
         }
     }
+    let mask = used - 1;
     let mut bits = streams.map(Bits::new);
     let mut chunks = out.chunks_exact_mut(4 * STREAMS);
     for chunk in &mut chunks {
@@ -455,7 +431,7 @@ fn decode(len: &Lengths, streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()
         }
         for k in 0..4 {
             for s in 0..STREAMS {
-                chunk[k * STREAMS + s] = bits[s].take(&table)?;
+                chunk[k * STREAMS + s] = bits[s].take(&table, mask)?;
             }
         }
     }
@@ -463,7 +439,7 @@ fn decode(len: &Lengths, streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()
         b.refill();
     }
     for (i, slot) in chunks.into_remainder().iter_mut().enumerate() {
-        *slot = bits[i % STREAMS].take(&table)?;
+        *slot = bits[i % STREAMS].take(&table, mask)?;
     }
     bits.iter().all(Bits::ended).then_some(())
 }

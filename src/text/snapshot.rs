@@ -607,7 +607,7 @@ impl<'a> Layout<'a> {
         (self.doc(k), lv - self.run(k).lv)
     }
 
-    /// For each character `x` of `firsts`, three guesses at its origins,
+    /// For each character `x` of `firsts` (in increasing order), three guesses at its origins,
     /// read off the document: the nearest character before it with a
     /// lower local version ("after"), the same among visible characters
     /// ("after visible"), and the nearest after it with a lower local
@@ -622,11 +622,16 @@ impl<'a> Layout<'a> {
     /// stack of the runs that can still be an answer.
     fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 4]> {
         let runs = self.runs;
+        // `firsts` grow, so one walk over the runs in local-version order
+        // finds each one's run.
+        let mut k = 0;
         let queries = sort_spread(
-            firsts
-                .iter()
-                .enumerate()
-                .map(|(q, &x)| u64::from(self.pos(x).0) << 32 | q as u64),
+            firsts.iter().enumerate().map(|(q, &x)| {
+                while self.run(k).end() <= x {
+                    k += 1;
+                }
+                u64::from(self.doc(k)) << 32 | q as u64
+            }),
             32,
             runs.len(),
         );
