@@ -16,7 +16,7 @@ use calm::causal::{ReplicaId, VersionVector};
 use calm::text::Text;
 use calm::{DeltaMerge, Merge, codec};
 use diamond_types::list::ListCRDT;
-use diamond_types::list::encoding::ENCODE_PATCH;
+use diamond_types::list::encoding::{ENCODE_FULL, ENCODE_PATCH};
 
 use crate::harness::{Figure, Row, Side, compare_rounds, format_ratio};
 use crate::rng::Rng;
@@ -128,35 +128,42 @@ const SCENARIOS: &[Scenario] = &[
 /// The smaller size; every scenario also runs at four times it.
 const N: usize = 1_000;
 
-/// The metric of every scenario row.
+/// The metric of every scenario's merge time.
 const METRIC: &str = "merge (scenario)";
+
+/// The metric of every scenario's encoded size (the merged document).
+const SIZE_METRIC: &str = "encoded size (scenario)";
 
 /// Whether `row` is a scenario's (not a trace's).
 pub fn is_scenario(row: &Row) -> bool {
-    row.metric == METRIC
+    row.metric == METRIC || row.metric == SIZE_METRIC
 }
 
 /// The scenarios' merge times at `n` and `4n` for calm and diamond-types,
 /// with each side's growth (time at `4n` over time at `n`: 4 is linear,
-/// 16 quadratic), as a Markdown table.
+/// 16 quadratic), and the merged document's encoded size at `4n`, as a
+/// Markdown table.
 pub fn growth_table(rows: &[Row]) -> String {
     let mut md = format!(
-        "Concurrent scenarios (merge, n = {N} and {}): growth is the time at 4n over the time at n (4 is linear, 16 quadratic).\n\n\
-         | scenario | calm, n | calm, 4n | calm growth | diamond-types, n | diamond-types, 4n | diamond-types growth | calm / diamond-types at 4n |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "Concurrent scenarios (merge, n = {N} and {}): growth is the time at 4n over the time at n (4 is linear, 16 quadratic); size is the merged document encoded.\n\n\
+         | scenario | calm, n | calm, 4n | calm growth | diamond-types, n | diamond-types, 4n | diamond-types growth | calm / diamond-types at 4n | size at 4n, calm / diamond-types |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         4 * N
     );
     for s in SCENARIOS {
-        let find = |n: usize| {
+        let find = |metric: &str, n: usize| {
             rows.iter()
-                .find(|r| is_scenario(r) && r.workload == format!("{}, n = {n}", s.name))
+                .find(|r| r.metric == metric && r.workload == format!("{}, n = {n}", s.name))
         };
-        let (Some(small), Some(large)) = (find(N), find(4 * N)) else {
+        let (Some(small), Some(large)) = (find(METRIC, N), find(METRIC, 4 * N)) else {
             continue;
         };
+        let size = find(SIZE_METRIC, 4 * N).map_or(String::new(), |r| {
+            format!("{} ({} / {})", format_ratio(r.ratio()), r.ours, r.theirs)
+        });
         let growth = |a: Figure, b: Figure| format!("{:.1}", b.value() / a.value());
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             s.name,
             small.ours,
             large.ours,
@@ -165,6 +172,7 @@ pub fn growth_table(rows: &[Row]) -> String {
             large.theirs,
             growth(small.theirs, large.theirs),
             format_ratio(large.ratio()),
+            size,
         ));
     }
     md
@@ -263,6 +271,13 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                 s.name
             );
             eprintln!("{}, n = {n}: {users} users", s.name);
+            rows.push(Row {
+                workload: format!("{}, n = {n}", s.name),
+                metric: SIZE_METRIC.to_owned(),
+                peer: "diamond-types".to_owned(),
+                ours: Figure::Bytes(codec::to_bytes(&a).len()),
+                theirs: Figure::Bytes(b.oplog.encode(ENCODE_FULL).len()),
+            });
             let (a, b) = compare_rounds(
                 Side::batched(|| (), |()| calm_merge(&ours)),
                 Side::batched(|| (), |()| reference_merge(&theirs)),
@@ -295,7 +310,13 @@ mod tests {
             ours: Figure::Time(ours),
             theirs: Figure::Time(theirs),
         };
-        let rows = vec![row(N, 1e-3, 1e-2), row(4 * N, 4e-3, 16e-2)];
+        let size = Row {
+            metric: SIZE_METRIC.to_owned(),
+            ours: Figure::Bytes(100),
+            theirs: Figure::Bytes(400),
+            ..row(4 * N, 0.0, 0.0)
+        };
+        let rows = vec![row(N, 1e-3, 1e-2), row(4 * N, 4e-3, 16e-2), size];
         let table = growth_table(&rows);
         let line = table
             .lines()
@@ -304,8 +325,9 @@ mod tests {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         assert_eq!(cells[4], "4.0");
         assert_eq!(cells[7], "16.0");
+        assert!(cells[9].starts_with("0.25 ("), "{}", cells[9]);
         let scenario_lines = table.lines().filter(|l| l.starts_with("| B")).count();
         assert_eq!(scenario_lines, 1, "only scenarios with both sizes");
-        assert!(is_scenario(&rows[0]));
+        assert!(is_scenario(&rows[0]) && is_scenario(&rows[2]));
     }
 }
