@@ -78,8 +78,7 @@ fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
 }
 
 /// Where the compressor's tokens go (each a run of literal bytes, then a
-/// copy, distance back and length, which only the last token lacks): the
-/// coded streams, or a [`Check`] against the tokens read.
+/// copy, distance back and length, which only the last token lacks).
 trait Sink {
     fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>);
 }
@@ -119,10 +118,24 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     huffman::write(enc, &streams.copies.into_bytes());
 }
 
+/// How many bits index the hash table for an input of `n` bytes.
+fn table_bits(n: usize) -> u32 {
+    (usize::BITS - n.leading_zeros()).clamp(6, HASH_BITS)
+}
+
+/// Remembers the places of a copy of `len` bytes at `at` that the
+/// compressor hashes: only its last two (as LZ4 does), since hashing
+/// every place inside copies doubles the time for little.
+fn remember_tail(input: &[u8], table: &mut [u32], bits: u32, at: usize, len: usize, last: usize) {
+    for j in (at + len).saturating_sub(2).max(at + 1)..(at + len).min(last) {
+        table[hash(word(input, j), bits)] = j as u32;
+    }
+}
+
 /// The tokens of `input` (see the module docs), into `out`, with copies
 /// of at least `min` bytes (at most 8).
 fn compress(input: &[u8], min: usize, out: &mut impl Sink) {
-    let bits = (usize::BITS - input.len().leading_zeros()).clamp(6, HASH_BITS);
+    let bits = table_bits(input.len());
     let mut table = vec![u32::MAX; 1 << bits];
     let (mut i, mut literals) = (0, 0);
     let last = input.len().saturating_sub(3);
@@ -142,11 +155,7 @@ fn compress(input: &[u8], min: usize, out: &mut impl Sink) {
             continue;
         }
         out.token(&input[literals..i], Some((i - candidate, len)));
-        // Only the copy's last two places are remembered (as LZ4 does):
-        // hashing every place inside copies doubles the time for little.
-        for j in (i + len).saturating_sub(2).max(i + 1)..(i + len).min(last) {
-            table[hash(word(input, j), bits)] = j as u32;
-        }
+        remember_tail(input, &mut table, bits, i, len, last);
         i += len;
         literals = i;
     }
@@ -228,23 +237,67 @@ impl<'a> Source<'a> for Plain<'a> {
     }
 }
 
-/// Compares the tokens the compressor emits with those read, in order:
-/// each as its literal count, distance and copy length (0 for the last,
-/// which has no copy). That suffices for the bytes: the literal bytes sit
-/// where equal tokens put them in the output, which the reader copied
-/// them into, and the decoder refuses overlong varints, so equal tokens
-/// are equal bytes.
-struct Check<'a> {
-    read: std::slice::Iter<'a, [u32; 3]>,
-    same: bool,
-}
-
-impl Sink for Check<'_> {
-    fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
-        let (distance, len) = copy.unwrap_or((0, 0));
-        let token = [literals.len(), distance, len].map(|x| x as u32);
-        self.same = self.same && self.read.next() == Some(&token);
+/// Whether `tokens` (each its literal count, distance and copy length,
+/// 0 and 0 for the last) are exactly those [`compress`] makes of `input`
+/// with copies of at least `min` bytes. It replays the compressor's hash
+/// table along the tokens instead of compressing again: in a stretch of
+/// literals it only notes, without branching, whether the compressor
+/// would have found a copy anywhere, and at a copy it checks the
+/// compressor's candidate and the match's length. Equal tokens are equal
+/// bytes: the literal bytes sit where the tokens put them in the output,
+/// and the decoder refuses overlong varints.
+fn canonical(input: &[u8], tokens: &[[u32; 3]], min: usize) -> bool {
+    let n = input.len();
+    let bits = table_bits(n);
+    let mut table = vec![u32::MAX; 1 << bits];
+    let last = n.saturating_sub(3);
+    let mut i = 0;
+    for (t, &[count, distance, len]) in tokens.iter().enumerate() {
+        let (start, count, distance, len) = (i, count as usize, distance as usize, len as usize);
+        let copy = start + count;
+        let mut would_copy = false;
+        for p in start..copy.min(last) {
+            let w = word(input, p);
+            let h = hash(w, bits);
+            let candidate = table[h];
+            table[h] = p as u32;
+            // An empty slot reads `p` itself, masked out below.
+            let c = if candidate == u32::MAX {
+                p
+            } else {
+                candidate as usize
+            };
+            let mut same = word(input, c) == w;
+            for k in 4..min {
+                same &= input[(c + k).min(n - 1)] == input[(p + k).min(n - 1)];
+            }
+            would_copy |= (candidate != u32::MAX) & (n - p >= min) & same;
+        }
+        if would_copy {
+            return false;
+        }
+        if len == 0 {
+            return t + 1 == tokens.len() && copy == n && distance == 0;
+        }
+        if copy >= last || distance == 0 || distance > copy {
+            return false;
+        }
+        let w = word(input, copy);
+        let h = hash(w, bits);
+        let candidate = table[h] as usize;
+        table[h] = copy as u32;
+        let max = (n - copy).min(MAX_COPY);
+        if candidate != copy - distance
+            || word(input, candidate) != w
+            || len < min
+            || len != 4 + common(input, candidate + 4, copy + 4, max - 4)
+        {
+            return false;
+        }
+        remember_tail(input, &mut table, bits, copy, len, last);
+        i = copy + len;
     }
+    false
 }
 
 /// The `n` bytes `tokens` make, if they are exactly the tokens
@@ -277,12 +330,7 @@ fn expand<'a>(
     if !read.done() {
         return Err("compressed tokens longer than their output");
     }
-    let mut check = Check {
-        read: tokens.iter(),
-        same: true,
-    };
-    compress(&out, min, &mut check);
-    if check.same && check.read.len() == 0 {
+    if canonical(&out, &tokens, min) {
         Ok(out)
     } else {
         Err("compressed bytes not in their canonical form")
@@ -418,6 +466,66 @@ mod tests {
         huffman::write(&mut enc, &varints(&mut distances.iter().map(|&d| d >> 8)));
         huffman::write(&mut enc, &varints(&mut copies.iter().copied()));
         enc.into_bytes()
+    }
+
+    /// The tokens as [`canonical`] takes them.
+    impl Sink for Vec<[u32; 3]> {
+        fn token(&mut self, literals: &[u8], copy: Option<(usize, usize)>) {
+            let (distance, len) = copy.unwrap_or((0, 0));
+            self.push([literals.len(), distance, len].map(|x| x as u32));
+        }
+    }
+
+    /// `canonical` accepts the compressor's own tokens and nothing else:
+    /// on inputs with short and long repeats, for copies of at least 4
+    /// and 5 bytes, every token list that differs from the compressor's
+    /// in one number (or one token fewer) is refused, and so are the
+    /// other minimum's tokens wherever they differ.
+    #[test]
+    fn canonical_accepts_exactly_the_compressors_tokens() {
+        let mut x = 7u64;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        for round in 0..300 {
+            let len = next(400) as usize;
+            let mut input: Vec<u8> = Vec::with_capacity(len);
+            while input.len() < len {
+                if input.len() > 8 && next(3) == 0 {
+                    let back = 1 + next(input.len() as u64) as usize;
+                    let from = input.len() - back;
+                    for k in 0..(3 + next(12) as usize) {
+                        input.push(input[from + k % back]);
+                    }
+                } else {
+                    input.push(b"ab cd"[next(if round % 2 == 0 { 2 } else { 5 }) as usize]);
+                }
+            }
+            let tokens = |min| {
+                let mut t = Vec::new();
+                compress(&input, min, &mut t);
+                t
+            };
+            for min in [4, 5] {
+                let own = tokens(min);
+                assert!(canonical(&input, &own, min), "round {round}, min {min}");
+                let other = tokens(9 - min);
+                assert_eq!(canonical(&input, &other, min), other == own);
+                assert!(!canonical(&input, &own[..own.len() - 1], min));
+                for t in 0..own.len() {
+                    for f in 0..3 {
+                        for d in [1, u32::MAX] {
+                            let mut changed = own.clone();
+                            changed[t][f] = changed[t][f].wrapping_add(d);
+                            assert!(!canonical(&input, &changed, min), "round {round}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Hostile coded input: a declared length the streams cannot make

@@ -529,21 +529,16 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
 }
 
 /// The runs in both orders: document order as given, and local-version
-/// order (`by_lv`, as `lv << 32 | document index`), with a table of where
-/// each stretch of `2^shift` local versions starts that narrows a binary
-/// search for the run holding a local version to the runs of one stretch
-/// (about as many slots as runs).
+/// order (`by_lv`, as `lv << 32 | document index`).
 struct Layout<'a> {
     runs: &'a [Run],
     by_lv: Vec<u64>,
-    shift: u32,
-    starts: Vec<u32>,
 }
 
 impl<'a> Layout<'a> {
     fn new(runs: &'a [Run], items: u32) -> Self {
-        let slots = runs.len().max(1) as u32;
-        let shift = (items / slots).max(1).ilog2();
+        // Buckets of about one run each, so the sort is one counting pass.
+        let shift = (items / runs.len().max(1) as u32).max(1).ilog2();
         let by_lv = sort_spread(
             runs.iter()
                 .enumerate()
@@ -551,22 +546,7 @@ impl<'a> Layout<'a> {
             32 + shift,
             (items >> shift) as usize + 1,
         );
-        let mut starts = Vec::with_capacity((items >> shift) as usize + 2);
-        let mut k = 0;
-        for slot in 0..=(items >> shift) {
-            let lv = u64::from(slot << shift);
-            while k + 1 < by_lv.len() && by_lv[k + 1] >> 32 <= lv {
-                k += 1;
-            }
-            starts.push(k as u32);
-        }
-        starts.push(by_lv.len().saturating_sub(1) as u32);
-        Self {
-            runs,
-            by_lv,
-            shift,
-            starts,
-        }
+        Self { runs, by_lv }
     }
 
     /// Whether the runs cover `0 .. items`, each local version once (the
@@ -593,17 +573,11 @@ impl<'a> Layout<'a> {
         self.by_lv[k] as u32
     }
 
-    /// The index in local-version order of the run holding `lv`.
-    fn run_of(&self, lv: u32) -> usize {
-        let slot = (lv >> self.shift) as usize;
-        let (lo, hi) = (self.starts[slot] as usize, self.starts[slot + 1] as usize);
-        let key = u64::from(lv) << 32 | 0xffff_ffff;
-        lo + self.by_lv[lo..=hi].partition_point(|&x| x <= key) - 1
-    }
-
-    /// Where item `lv` is: its run's document index and its offset there.
+    /// Where item `lv` is: its run's document index and its offset there
+    /// (a binary search: only origins given in full need it).
     fn pos(&self, lv: u32) -> (u32, u32) {
-        let k = self.run_of(lv);
+        let key = u64::from(lv) << 32 | 0xffff_ffff;
+        let k = self.by_lv.partition_point(|&x| x <= key) - 1;
         (self.doc(k), lv - self.run(k).lv)
     }
 
@@ -623,18 +597,19 @@ impl<'a> Layout<'a> {
     fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 4]> {
         let runs = self.runs;
         // `firsts` grow, so one walk over the runs in local-version order
-        // finds each one's run.
+        // finds each one's run; each query is listed under its run's
+        // document index (`head`, then `next`).
         let mut k = 0;
-        let queries = sort_spread(
-            firsts.iter().enumerate().map(|(q, &x)| {
-                while self.run(k).end() <= x {
-                    k += 1;
-                }
-                u64::from(self.doc(k)) << 32 | q as u64
-            }),
-            32,
-            runs.len(),
-        );
+        let mut head = vec![NONE; runs.len()];
+        let mut next = vec![NONE; firsts.len()];
+        for (q, &x) in firsts.iter().enumerate() {
+            while self.run(k).end() <= x {
+                k += 1;
+            }
+            let d = self.doc(k) as usize;
+            next[q] = head[d];
+            head[d] = q as u32;
+        }
         let mut out = vec![[NONE; 4]; firsts.len()];
         // The stacks hold runs (first local version, document index)
         // whose first local versions grow towards the top: a run hides
@@ -655,10 +630,10 @@ impl<'a> Layout<'a> {
             (i > 0).then(|| stack[i - 1].1)
         };
         let (mut all, mut shown) = (Vec::new(), Vec::new());
-        let mut q = 0;
         for (d, r) in runs.iter().enumerate() {
-            while queries.get(q).is_some_and(|&x| (x >> 32) as usize == d) {
-                let i = queries[q] as u32 as usize;
+            let mut q = head[d];
+            while q != NONE {
+                let i = q as usize;
                 let x = firsts[i];
                 let left = |d: Option<u32>| d.map_or(NONE, |d| runs[d as usize].end().min(x) - 1);
                 out[i][0] = if x > r.lv {
@@ -671,7 +646,7 @@ impl<'a> Layout<'a> {
                 } else {
                     left(nearest(&shown, x))
                 };
-                q += 1;
+                q = next[i];
             }
             push(&mut all, d);
             if !r.deleted() {
@@ -680,13 +655,14 @@ impl<'a> Layout<'a> {
         }
         all.clear();
         for d in (0..runs.len()).rev() {
-            while q > 0 && (queries[q - 1] >> 32) as usize == d {
-                q -= 1;
-                let i = queries[q] as u32 as usize;
+            let mut q = head[d];
+            while q != NONE {
+                let i = q as usize;
                 if let Some(d) = nearest(&all, firsts[i]) {
                     out[i][2] = runs[d as usize].lv;
                     out[i][3] = d;
                 }
+                q = next[i];
             }
             push(&mut all, d);
         }
