@@ -36,6 +36,8 @@ impl Tree {
         };
         let mut leaf = fresh(runs.len(), text.len());
         let mut rest = text;
+        // Checked once: in ASCII text a character is a byte.
+        let ascii = text.is_ascii();
         let flush = |tree: &mut Tree, leaf: &mut Leaf, next: Leaf| {
             let id = tree.leaves.len() as u32;
             let mut done = std::mem::replace(leaf, next);
@@ -58,7 +60,12 @@ impl Tree {
                     break;
                 }
                 let room = FILL_BYTES - leaf.text.len();
-                let (chars, bytes) = take_chars(rest, run.len() as usize, room);
+                let (chars, bytes) = if ascii {
+                    let n = (run.len() as usize).min(room);
+                    (n, n)
+                } else {
+                    take_chars(rest, run.len() as usize, room)
+                };
                 leaf.text.push_str(&rest[..bytes]);
                 leaf.chars += chars;
                 rest = &rest[bytes..];
