@@ -584,10 +584,11 @@ fn document_length_bombs_allocate_nothing() {
     // In document order: "a" (lv 0), "b" (lv 1, deleted), "c" (lv 2),
     // typed as one entry with its origins as guessed, "b" deleted by
     // event 4 (see the version 2 test below for the numbers).
-    let blocks: [&[u8]; 13] = [
+    let blocks: [&[u8]; 14] = [
         &[0, 0, 0], // run starts
         &[2, 3, 2], // run lengths and deleted flags
         &[],        // replica indexes (one replica)
+        &[],        // their stretches' lengths
         &[0],       // counter gaps
         &[3 << 3],  // entry lengths and origin codes
         &[],        // origins in full
@@ -599,7 +600,7 @@ fn document_length_bombs_allocate_nothing() {
         &[],
         &[],
     ];
-    for at in 0..=19 {
+    for at in 0..=20 {
         let mut enc = Encoder::new();
         enc.byte(codec::FORMAT_VERSION);
         enc.byte(<Text as codec::Tagged>::TAG);
@@ -617,7 +618,7 @@ fn document_length_bombs_allocate_nothing() {
         number(&mut enc, &mut count, 1); // insert entries
         number(&mut enc, &mut count, 1); // replica 5's delete entries
         for (i, b) in blocks.iter().enumerate() {
-            if i == 8 {
+            if i == 9 {
                 number(&mut enc, &mut count, 2); // the text's length
             }
             if count == at {
@@ -631,7 +632,7 @@ fn document_length_bombs_allocate_nothing() {
         number(&mut enc, &mut count, 0); // buffered ops
         let bytes = enc.into_bytes();
         let (result, allocated) = bytes_allocated_by(|| codec::from_bytes::<Text>(&bytes));
-        if at == 19 {
+        if at == 20 {
             let doc = result.expect("well formed");
             assert_eq!(doc.to_string(), "ac");
             doc.assert_invariants();
@@ -643,6 +644,76 @@ fn document_length_bombs_allocate_nothing() {
                 "bomb at {at}: allocated {allocated} bytes"
             );
         }
+    }
+}
+
+/// Insert entries' replicas are written per stretch of entries of one
+/// replica: replica 5 types "a", then "b" before it, and replica 6 then
+/// types "c" at the end: two stretches, of two entries and one. Stretches
+/// that should have been one, run past the entries, or name a replica out
+/// of range are refused.
+#[test]
+fn replica_stretches_are_checked() {
+    let document = |replicas: &[u8], stretches: &[u8]| {
+        let block = |enc: &mut Encoder, bytes: &[u8]| {
+            enc.varint((bytes.len() as u64) << 1);
+            enc.raw(bytes);
+        };
+        let mut enc = Encoder::new();
+        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<Text as codec::Tagged>::TAG);
+        enc.varint(2); // replica 5 with two events, 6 with one
+        for (id, events) in [(5, 2), (6, 1)] {
+            enc.varint(id);
+            enc.varint(events);
+        }
+        enc.varint(3); // three characters
+        enc.varint(3); // three runs: "b", "a", "c" (local versions 1, 0, 2)
+        enc.varint(3); // three insert entries
+        enc.varint(0); // no delete entries
+        enc.varint(0);
+        let columns: [&[u8]; 9] = [
+            &[2, 3, 2], // run starts (zig-zag: +1, -2, +1)
+            &[2, 2, 2], // run lengths
+            replicas,
+            stretches,
+            &[0, 0, 0],                // counter gaps
+            &[1 << 3, 1 << 3, 1 << 3], // lengths, origins as guessed
+            &[],                       // origins in full
+            &[],                       // delete targets
+            &[],                       // delete lengths
+        ];
+        for c in columns {
+            block(&mut enc, c);
+        }
+        enc.varint(3); // the text: one token of three literals
+        for stream in [&[3][..], b"bac", &[], &[], &[]] {
+            block(&mut enc, stream);
+        }
+        enc.varint(0); // buffered ops
+        enc.into_bytes()
+    };
+    let bytes = document(&[0, 1], &[1, 0]);
+    let doc: Text = codec::from_bytes(&bytes).expect("well formed");
+    assert_eq!(doc.to_string(), "bac");
+    doc.assert_invariants();
+    assert_eq!(codec::to_bytes(&doc), bytes, "canonical");
+    let mut a = Text::new(r(5));
+    a.insert(0, "a").unwrap();
+    a.insert(0, "b").unwrap();
+    let mut b = a.fork(r(6));
+    b.insert(2, "c").unwrap();
+    a.merge(&b);
+    assert_eq!(codec::to_bytes(&a), bytes, "what the encoder writes");
+    for (replicas, stretches) in [
+        (&[0, 0, 1][..], &[0, 0, 0][..]), // one stretch written as two
+        (&[0, 1], &[1, 1]),               // a stretch past the entries
+        (&[0], &[2]),                     // replica 6's entry given to 5
+        (&[0, 2], &[1, 0]),               // no replica 2
+        (&[0, 1], &[1]),                  // a stretch without its length
+    ] {
+        let result = codec::from_bytes::<Text>(&document(replicas, stretches));
+        assert!(result.is_err(), "{replicas:?} {stretches:?}: {result:?}");
     }
 }
 

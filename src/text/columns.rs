@@ -6,10 +6,12 @@
 //! ```text
 //!   counts     runs, insert entries, then per replica its delete entries
 //!              (varints)
-//!   columns    eight blocks (`codec::huffman`), in this order:
+//!   columns    nine blocks (`codec::huffman`), in this order:
 //!     run_starts    each run's first local version (zig-zag delta)
 //!     run_lens      each run's length and deleted flag
-//!     replicas      each insert entry's replica index (empty with one)
+//!     replicas      the replica index of each stretch of consecutive
+//!                   insert entries of one replica (empty with one)
+//!     stretches     each such stretch's length - 1
 //!     gaps          each insert entry's counter gap
 //!     lens          each insert entry's length and origin code
 //!     origins       the origins given in full, left before right
@@ -17,9 +19,15 @@
 //!     delete_lens   each delete entry's length and reversed flag
 //! ```
 //!
+//! Insert entries come in local-version order, in which a replica's edits
+//! mostly arrive together (a merge brings each replica's history in
+//! turn), so their replicas are written as stretches: a document merged
+//! from 63 users' histories writes 63 numbers there, not one per entry.
+//!
 //! Format version 2 wrote the same numbers interleaved, entry by entry
-//! and uncoded; [`Columns::split_version_2`] sorts them into columns, so
-//! one reader serves both.
+//! and uncoded, with a replica index per entry;
+//! [`Decoded::split_version_2`] sorts them into columns (joining the
+//! replica indices into stretches), so one reader serves both.
 
 use crate::codec::{self, DecodeError, Decoder, Encoder};
 
@@ -39,6 +47,7 @@ pub(super) struct Columns<T> {
     pub(super) run_starts: T,
     pub(super) run_lens: T,
     pub(super) replicas: T,
+    pub(super) stretches: T,
     pub(super) gaps: T,
     pub(super) lens: T,
     pub(super) origins: T,
@@ -52,17 +61,19 @@ impl<T> Columns<T> {
             run_starts,
             run_lens,
             replicas,
+            stretches,
             gaps,
             lens,
             origins,
             backs,
             delete_lens,
-        ]: [T; 8],
+        ]: [T; 9],
     ) -> Self {
         Self {
             run_starts,
             run_lens,
             replicas,
+            stretches,
             gaps,
             lens,
             origins,
@@ -71,17 +82,47 @@ impl<T> Columns<T> {
         }
     }
 
-    fn into_array(self) -> [T; 8] {
+    fn into_array(self) -> [T; 9] {
         [
             self.run_starts,
             self.run_lens,
             self.replicas,
+            self.stretches,
             self.gaps,
             self.lens,
             self.origins,
             self.backs,
             self.delete_lens,
         ]
+    }
+}
+
+/// Insert entries' replica indices joined into stretches as they come,
+/// for the `replicas` and `stretches` columns.
+#[derive(Default)]
+pub(super) struct Stretches {
+    /// The current stretch's replica index and length, if one is open.
+    open: Option<(u64, u64)>,
+}
+
+impl Stretches {
+    /// The next entry's replica index.
+    pub(super) fn push(&mut self, c: &mut Columns<Encoder>, replica: u64) {
+        match &mut self.open {
+            Some((r, len)) if *r == replica => *len += 1,
+            _ => {
+                self.end(c);
+                self.open = Some((replica, 1));
+            }
+        }
+    }
+
+    /// Writes the open stretch, if any.
+    pub(super) fn end(&mut self, c: &mut Columns<Encoder>) {
+        if let Some((r, len)) = self.open.take() {
+            c.replicas.varint(r);
+            c.stretches.varint(len - 1);
+        }
     }
 }
 
@@ -103,7 +144,7 @@ impl Columns<Encoder> {
 pub(super) struct Decoded {
     bytes: Vec<u8>,
     /// Where each column ends in `bytes`.
-    ends: [usize; 8],
+    ends: [usize; 9],
 }
 
 impl Decoded {
@@ -131,7 +172,7 @@ impl Decoded {
         }
         let mut read = Decoded {
             bytes: Vec::new(),
-            ends: [0; 8],
+            ends: [0; 9],
         };
         for end in &mut read.ends {
             codec::huffman::read_into(dec, &mut read.bytes)?;
@@ -169,9 +210,10 @@ impl Decoded {
             copy(dec, &mut c.run_lens)?;
         }
         let inserts = dec.length()?;
+        let mut stretches = Stretches::default();
         for _ in 0..inserts {
             if replicas != 1 {
-                copy(dec, &mut c.replicas)?;
+                stretches.push(&mut c, dec.varint()?);
             }
             copy(dec, &mut c.gaps)?;
             let code = copy(dec, &mut c.lens)? & 7;
@@ -182,6 +224,7 @@ impl Decoded {
                 copy(dec, &mut c.origins)?;
             }
         }
+        stretches.end(&mut c);
         let mut deletes = Vec::with_capacity(replicas);
         for _ in 0..replicas {
             let d = dec.length()?;
@@ -193,7 +236,7 @@ impl Decoded {
         }
         let mut read = Decoded {
             bytes: Vec::new(),
-            ends: [0; 8],
+            ends: [0; 9],
         };
         for (column, end) in c.into_array().into_iter().zip(&mut read.ends) {
             read.bytes.extend_from_slice(&column.into_bytes());

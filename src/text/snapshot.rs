@@ -14,8 +14,9 @@
 //!                shifted left once, the low bit set when deleted
 //!     inserts    per insert entry, in local-version order (its first
 //!                local version is the sum of the lengths before): the
-//!                replica's index (left out when there is one), the
-//!                counter (as the gap after the replica's previous entry),
+//!                replica's index (per stretch of entries of one replica,
+//!                with the stretch's length; left out when there is one),
+//!                the counter (as the gap after the replica's previous entry),
 //!                the length shifted left three times with how the origins
 //!                are given in the low bits, and the origins given in full
 //!                as distances back from the entry's first local version
@@ -68,11 +69,11 @@
 //!
 //! Format version 2 wrote the same numbers entry by entry and the text's
 //! tokens as they are, with no entropy coding; [`read`] still reads it
-//! (through `Columns::split_version_2` and `lz::read_version_2`). Format
+//! (through `Decoded::split_version_2` and `lz::read_version_2`). Format
 //! version 1 wrote the document as its ops and replayed them on load;
 //! [`super::encoding`] still reads it.
 
-use super::columns::{Columns, Counts, Decoded};
+use super::columns::{Columns, Counts, Decoded, Stretches};
 use super::document::Text;
 use super::encoding::{read_buffered, write_buffered};
 use super::history::History;
@@ -124,11 +125,12 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
     let firsts: Vec<u32> = h.inserts.iter().map(|e| e.lv).collect();
     let guesses = layout.guesses(&firsts);
     let mut next = vec![1u64; kept.len()];
+    let mut stretches = Stretches::default();
     for (i, e) in h.inserts.iter().enumerate() {
         let a = index[e.agent as usize] as usize;
         let len = h.entry_len(i);
         if kept.len() != 1 {
-            c.replicas.varint(a as u64);
+            stretches.push(&mut c, a as u64);
         }
         c.gaps.varint(e.counter - next[a]);
         next[a] = e.counter + u64::from(len);
@@ -149,6 +151,7 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
             write_origin(&mut c.origins, e.lv, e.origin_right);
         }
     }
+    stretches.end(&mut c);
     for &a in &kept {
         let deletes = &h.agents[a].deletes;
         counts.deletes.push(deletes.len());
@@ -315,12 +318,18 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     let mut firsts: Vec<u32> = Vec::with_capacity(entries);
     let mut next = vec![1u64; n];
     let mut lv = 0u32;
-    for _ in 0..entries {
-        let a = if n == 1 { 0 } else { c.replicas.varint()? };
-        let a = usize::try_from(a)
-            .ok()
-            .filter(|&a| a < n)
-            .ok_or_else(|| dec.invalid("replica index out of range"))?;
+    // The current stretch of one replica's entries: its replica, and how
+    // many entries it still holds.
+    let (mut a, mut left) = (0usize, 0u64);
+    for i in 0..entries {
+        if n > 1 && left == 0 {
+            let r = usize::try_from(c.replicas.varint()?)
+                .ok()
+                .filter(|&r| r < n && (i == 0 || r != a))
+                .ok_or_else(|| dec.invalid("replica index out of range or stretch not joined"))?;
+            (a, left) = (r, c.stretches.varint()?.saturating_add(1));
+        }
+        left = left.saturating_sub(1);
         let counter = next[a].checked_add(c.gaps.varint()?);
         let packed = c.lens.varint()?;
         let (len, code) = (packed >> 3, packed & 7);
@@ -355,7 +364,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         next[a] = end;
         lv += len as u32;
     }
-    if lv != items {
+    if lv != items || left > 0 {
         return Err(dec.invalid("insert entries and runs disagree on the characters"));
     }
     let guesses = layout.guesses(&firsts);
