@@ -263,9 +263,45 @@ impl History {
             return last;
         }
         let k = (lv >> SLOT) as usize;
-        let lo = self.slots[k] as usize;
-        let hi = self.slots.get(k + 1).map_or(last, |&h| h as usize);
-        lo + self.inserts[lo..=hi].partition_point(|e| e.lv <= lv) - 1
+        let a = self.slots[k] as usize;
+        let b = self.slots.get(k + 1).map_or(last, |&h| h as usize);
+        if b - a > 64 {
+            return self.entry_among_many(lv, k, a, b);
+        }
+        a + self.inserts[a..=b].partition_point(|e| e.lv <= lv) - 1
+    }
+
+    /// [`History::entry_of`] where slot `k` holds many short entries
+    /// (concurrent or scattered typing), the one holding `lv` among
+    /// entries `a ..= b`: a guess at where `lv` falls as if they were
+    /// even, then a gallop from the guess to bracket it, a few probes
+    /// instead of a search over the slot's entries (each a likely cache
+    /// miss). Entry `a` starts at or before `lv`.
+    #[inline(never)]
+    fn entry_among_many(&self, lv: u32, k: usize, mut a: usize, mut b: usize) -> usize {
+        let into = u64::from(lv - ((k as u32) << SLOT));
+        let guess = a + ((into * (b - a) as u64) >> SLOT) as usize;
+        let mut step = 1;
+        if self.inserts[guess].lv <= lv {
+            a = guess;
+            while a + step <= b && self.inserts[a + step].lv <= lv {
+                a += step;
+                step *= 2;
+            }
+            b = b.min(a + step - 1);
+        } else {
+            b = guess - 1;
+            loop {
+                let probe = b.saturating_sub(step - 1).max(a);
+                if self.inserts[probe].lv <= lv {
+                    a = probe;
+                    break;
+                }
+                b = probe - 1;
+                step *= 2;
+            }
+        }
+        a + self.inserts[a..=b].partition_point(|e| e.lv <= lv) - 1
     }
 
     /// The replica and counter of the character with local version `lv`.
@@ -279,7 +315,13 @@ impl History {
 
     /// The left and right origins of the character `lv`.
     pub(crate) fn origins_of(&self, lv: u32) -> (u32, u32) {
-        let e = &self.inserts[self.entry_of(lv)];
+        self.origins_in(self.entry_of(lv), lv)
+    }
+
+    /// The left and right origins of the character `lv` of insert entry
+    /// `e`.
+    pub(crate) fn origins_in(&self, e: usize, lv: u32) -> (u32, u32) {
+        let e = &self.inserts[e];
         let left = if lv == e.lv { e.origin_left } else { lv - 1 };
         (left, e.origin_right)
     }
@@ -501,6 +543,35 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `entry_of` finds every character's entry wherever slots hold few or
+    /// many entries: short entries of two replicas in turn (up to 256 in
+    /// a slot, searched from an interpolated guess), then long ones.
+    #[test]
+    fn entry_of_finds_every_characters_entry() {
+        let mut h = History::default();
+        let agents = [h.intern(ReplicaId::new(1)), h.intern(ReplicaId::new(2))];
+        let mut counters = [1u64, 1];
+        let mut x = 5u64;
+        for i in 0..3_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let len = if i < 2_000 {
+                1 + (x >> 62) as u32 % 3
+            } else {
+                1 + (x >> 40) as u32 % 700
+            };
+            let a = i % 2;
+            h.push_insert(agents[a], counters[a], len, NONE, NONE);
+            counters[a] += u64::from(len);
+        }
+        let mut e = 0;
+        for lv in 0..h.items {
+            while e + 1 < h.inserts.len() && h.inserts[e + 1].lv <= lv {
+                e += 1;
+            }
+            assert_eq!(h.entry_of(lv), e, "lv {lv}");
+        }
+    }
 
     /// Typing extends one entry; a jump starts another; lookups find both.
     #[test]

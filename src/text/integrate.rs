@@ -408,7 +408,8 @@ impl Text {
                     return Err(misplaced);
                 }
             }
-            let (oleft, oright) = self.history.origins_of(other);
+            let e = self.history.entry_of(other);
+            let (oleft, oright) = self.history.origins_in(e, other);
             match self.order(oleft, left, left_pos, true) {
                 Less => break,
                 Equal => {
@@ -445,7 +446,6 @@ impl Text {
             // The rest of this run, up to the end of `other`'s insert entry,
             // are `other`'s descendants typed after it: skip them at once,
             // stopping just before `right` if it is among them.
-            let e = self.history.entry_of(other);
             let entry_end = self.history.inserts[e].lv + self.history.entry_len(e);
             let mut step = (run.len() - p.offset).min(entry_end - other);
             if right != NONE && right > other && right - other < step {
