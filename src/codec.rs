@@ -803,6 +803,24 @@ pub(crate) fn decode_sorted_by_key<T, K: Ord + ?Sized>(
     Ok(())
 }
 
+/// Writes `input` with `write`, reads it back with `read` (which must
+/// take exactly the bytes written and return `input`), and returns how
+/// many bytes it took: the round trip the byte-string codecs' tests share.
+#[cfg(test)]
+fn round_trip_bytes(
+    write: impl Fn(&mut Encoder, &[u8]),
+    read: impl Fn(&mut Decoder<'_>) -> Result<Vec<u8>, DecodeError>,
+    input: &[u8],
+) -> usize {
+    let mut enc = Encoder::new();
+    write(&mut enc, input);
+    let bytes = enc.into_bytes();
+    let mut dec = Decoder::new(&bytes);
+    assert_eq!(read(&mut dec).expect("decodes"), input);
+    dec.finish().expect("nothing left");
+    bytes.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

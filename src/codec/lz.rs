@@ -414,13 +414,7 @@ mod tests {
     use super::*;
 
     fn round_trip(input: &[u8]) -> usize {
-        let mut enc = Encoder::new();
-        write(&mut enc, input);
-        let bytes = enc.into_bytes();
-        let mut dec = Decoder::new(&bytes);
-        assert_eq!(read(&mut dec).expect("decodes"), input);
-        dec.finish().expect("nothing left");
-        bytes.len()
+        crate::codec::round_trip_bytes(write, read, input)
     }
 
     /// Text, repeats, overlapping copies, and the empty string round-trip;

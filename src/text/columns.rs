@@ -40,62 +40,43 @@ pub(super) struct Counts {
     pub(super) deletes: Vec<usize>,
 }
 
-/// One value per column (an [`Encoder`] to write, a [`Decoder`] to read);
-/// the module docs say what each holds.
-#[derive(Debug, Default)]
-pub(super) struct Columns<T> {
-    pub(super) run_starts: T,
-    pub(super) run_lens: T,
-    pub(super) replicas: T,
-    pub(super) stretches: T,
-    pub(super) gaps: T,
-    pub(super) lens: T,
-    pub(super) origins: T,
-    pub(super) backs: T,
-    pub(super) delete_lens: T,
-}
+/// How many columns there are.
+const COLUMNS: usize = 9;
 
-impl<T> Columns<T> {
-    fn from_array(
-        [
-            run_starts,
-            run_lens,
-            replicas,
-            stretches,
-            gaps,
-            lens,
-            origins,
-            backs,
-            delete_lens,
-        ]: [T; 9],
-    ) -> Self {
-        Self {
-            run_starts,
-            run_lens,
-            replicas,
-            stretches,
-            gaps,
-            lens,
-            origins,
-            backs,
-            delete_lens,
+/// Declares [`Columns`] with one field per column, in the order they are
+/// written, and its conversions to and from an array in that order.
+macro_rules! columns {
+    ($($name:ident),* $(,)?) => {
+        /// One value per column (an [`Encoder`] to write, a [`Decoder`] to
+        /// read); the module docs say what each holds.
+        #[derive(Debug, Default)]
+        pub(super) struct Columns<T> {
+            $(pub(super) $name: T,)*
         }
-    }
 
-    fn into_array(self) -> [T; 9] {
-        [
-            self.run_starts,
-            self.run_lens,
-            self.replicas,
-            self.stretches,
-            self.gaps,
-            self.lens,
-            self.origins,
-            self.backs,
-            self.delete_lens,
-        ]
-    }
+        impl<T> Columns<T> {
+            fn from_array([$($name),*]: [T; COLUMNS]) -> Self {
+                Self { $($name),* }
+            }
+
+            fn into_array(self) -> [T; COLUMNS] {
+                [$(self.$name),*]
+            }
+        }
+    };
 }
+
+columns!(
+    run_starts,
+    run_lens,
+    replicas,
+    stretches,
+    gaps,
+    lens,
+    origins,
+    backs,
+    delete_lens,
+);
 
 /// Insert entries' replica indices joined into stretches as they come,
 /// for the `replicas` and `stretches` columns.
@@ -141,10 +122,11 @@ impl Columns<Encoder> {
 }
 
 /// The columns as read, decoded into one buffer, in order.
+#[derive(Default)]
 pub(super) struct Decoded {
     bytes: Vec<u8>,
     /// Where each column ends in `bytes`.
-    ends: [usize; 9],
+    ends: [usize; COLUMNS],
 }
 
 impl Decoded {
@@ -163,37 +145,47 @@ impl Decoded {
         };
         let runs = count()?;
         let inserts = count()?;
-        let mut deletes = Vec::new();
-        let mut total = 0usize;
-        for _ in 0..replicas {
-            let d = count()?;
-            total = total.saturating_add(d);
-            deletes.push(d);
-        }
-        let mut read = Decoded {
-            bytes: Vec::new(),
-            ends: [0; 9],
-        };
+        let deletes = (0..replicas).map(|_| count()).collect::<Result<_, _>>()?;
+        let mut read = Decoded::default();
         for end in &mut read.ends {
             codec::huffman::read_into(dec, &mut read.bytes)?;
             *end = read.bytes.len();
         }
-        let c = read.decoders();
+        read.counted(runs, inserts, deletes, offset)
+    }
+
+    /// The counts of runs, insert entries and each replica's delete
+    /// entries beside the columns they count, checked: every run and
+    /// entry takes at least one byte of its first column.
+    fn counted(
+        self,
+        runs: usize,
+        inserts: usize,
+        deletes: Vec<usize>,
+        offset: usize,
+    ) -> Result<(Counts, Self), DecodeError> {
+        let counts = Counts {
+            runs,
+            inserts,
+            deletes,
+        };
+        let c = self.decoders();
         let held = |d: &Decoder<'_>, n: usize| n <= d.remaining();
-        if !held(&c.run_starts, runs) || !held(&c.gaps, inserts) || !held(&c.backs, total) {
-            return Err(DecodeError::Invalid {
+        let deletes = counts
+            .deletes
+            .iter()
+            .fold(0usize, |t, &d| t.saturating_add(d));
+        if held(&c.run_starts, counts.runs)
+            && held(&c.gaps, counts.inserts)
+            && held(&c.backs, deletes)
+        {
+            Ok((counts, self))
+        } else {
+            Err(DecodeError::Invalid {
                 offset,
                 what: "more runs or entries than their columns hold",
-            });
+            })
         }
-        Ok((
-            Counts {
-                runs,
-                inserts,
-                deletes,
-            },
-            read,
-        ))
     }
 
     /// Reads the interleaved numbers of format version 2 into columns.
@@ -201,6 +193,7 @@ impl Decoded {
         dec: &mut Decoder<'_>,
         replicas: usize,
     ) -> Result<(Counts, Self), DecodeError> {
+        let offset = dec.offset();
         let mut c = Columns::<Encoder>::default();
         let copy =
             |dec: &mut Decoder<'_>, to: &mut Encoder| dec.varint().inspect(|&v| to.varint(v));
@@ -234,22 +227,12 @@ impl Decoded {
             }
             deletes.push(d);
         }
-        let mut read = Decoded {
-            bytes: Vec::new(),
-            ends: [0; 9],
-        };
+        let mut read = Decoded::default();
         for (column, end) in c.into_array().into_iter().zip(&mut read.ends) {
             read.bytes.extend_from_slice(&column.into_bytes());
             *end = read.bytes.len();
         }
-        Ok((
-            Counts {
-                runs,
-                inserts,
-                deletes,
-            },
-            read,
-        ))
+        read.counted(runs, inserts, deletes, offset)
     }
 
     /// A decoder over each column.
