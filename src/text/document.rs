@@ -6,7 +6,7 @@ use std::ops::Range;
 use super::error::TextError;
 use super::history::History;
 use super::leaf::{Run, char_len};
-use super::op::{Content, Insertion, OpKind, TextOp, push_targets};
+use super::op::{Content, Insertion, OpKind, Targets, TextOp, push_targets};
 use super::pending::Pending;
 use super::tree::{Metrics, Tree};
 use super::{MAX_CHARS, NONE};
@@ -262,7 +262,7 @@ impl Text {
             });
         }
         let counter = self.next_counter()?;
-        let mut targets = Vec::new();
+        let mut targets = Targets::default();
         if !range.is_empty() {
             let agent = self.local_agent();
             let history = &mut self.history;

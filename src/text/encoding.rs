@@ -29,7 +29,7 @@
 
 use super::document::Text;
 use super::leaf::char_len;
-use super::op::{Content, Insertion, OpKind, Target, TextOp};
+use super::op::{Content, Insertion, OpKind, Target, Targets, TextOp};
 use super::snapshot;
 use crate::causal::{Dot, ReplicaId};
 use crate::codec::{self, Codec, DecodeError, Decoder, Encoder, Tagged, tags};
@@ -207,7 +207,7 @@ fn read_body(dec: &mut Decoder<'_>, names: Names<'_>, id: Dot) -> Result<TextOp,
                     reversed: packed & 1 == 1,
                 });
             }
-            OpKind::Delete(targets)
+            OpKind::Delete(Targets::from(targets))
         }
         tag => {
             return Err(DecodeError::BadTag {

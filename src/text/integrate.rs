@@ -5,7 +5,7 @@ use super::document::Text;
 use super::error::TextError;
 use super::history::{DeleteEntry, Lookup};
 use super::leaf::{Run, byte_at, char_len};
-use super::op::{Content, Insertion, OpKind, TextOp, push_targets};
+use super::op::{Content, Insertion, OpKind, Targets, TextOp, push_targets};
 use super::pending::unseen;
 use super::tree::Pos;
 use super::{MAX_CHARS, NONE};
@@ -207,7 +207,7 @@ impl Text {
         } else {
             d.target + skip
         };
-        let mut targets = Vec::new();
+        let mut targets = Targets::default();
         push_targets(&self.history, &mut 0, &mut targets, lv, n, d.reversed());
         TextOp {
             id: Dot::new(replica, d.counter + u64::from(skip)),

@@ -56,7 +56,7 @@ pub(crate) enum OpKind {
     /// Consecutive characters inserted at one place.
     Insert(Insertion),
     /// Characters deleted, event by event, in the order of the targets.
-    Delete(Vec<Target>),
+    Delete(Targets),
 }
 
 /// The body of an insertion.
@@ -189,6 +189,85 @@ pub(crate) struct Target {
     pub(crate) reversed: bool,
 }
 
+/// A delete op's targets, in the order of its events. Most deletions are
+/// one keystroke's or one selection's, a single target, which is held
+/// inline: a local deletion then allocates nothing for its op.
+///
+/// Exactly one target is always `One`, so equal lists compare equal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Targets {
+    /// Exactly one target.
+    One(Target),
+    /// None, or two and more.
+    Many(Vec<Target>),
+}
+
+impl Default for Targets {
+    fn default() -> Self {
+        Targets::Many(Vec::new())
+    }
+}
+
+impl Targets {
+    /// Appends `t` as it is (see [`push_target`] to join it).
+    pub(crate) fn push(&mut self, t: Target) {
+        match self {
+            Targets::Many(v) if v.is_empty() => *self = Targets::One(t),
+            Targets::Many(v) => v.push(t),
+            Targets::One(first) => *self = Targets::Many(vec![*first, t]),
+        }
+    }
+
+    /// Removes the targets from `at` on and returns them.
+    fn split_off(&mut self, at: usize) -> Vec<Target> {
+        let mut all = match std::mem::take(self) {
+            Targets::One(t) => vec![t],
+            Targets::Many(v) => v,
+        };
+        let tail = all.split_off(at);
+        *self = Targets::from(all);
+        tail
+    }
+}
+
+impl From<Vec<Target>> for Targets {
+    fn from(v: Vec<Target>) -> Self {
+        match v.as_slice() {
+            &[t] => Targets::One(t),
+            _ => Targets::Many(v),
+        }
+    }
+}
+
+impl std::ops::Deref for Targets {
+    type Target = [Target];
+
+    fn deref(&self) -> &[Target] {
+        match self {
+            Targets::One(t) => std::slice::from_ref(t),
+            Targets::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Targets {
+    fn deref_mut(&mut self) -> &mut [Target] {
+        match self {
+            Targets::One(t) => std::slice::from_mut(t),
+            Targets::Many(v) => v,
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Targets {
+    type Item = &'a Target;
+    type IntoIter = std::slice::Iter<'a, Target>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 impl TextOp {
     /// The id of the op's first event; the others follow consecutively.
     pub fn id(&self) -> Dot {
@@ -274,7 +353,7 @@ impl TextOp {
                 })
             }
             OpKind::Delete(targets) => {
-                let mut out = Vec::new();
+                let mut out = Targets::default();
                 let mut at = 0;
                 for t in targets {
                     let (s, e) = (from.max(at), to.min(at + t.len));
@@ -441,7 +520,7 @@ fn first_event(t: &Target) -> Target {
 /// `t` continues the last target, it joins and the rest starts anew. Every
 /// list of targets is thus the one unique greedy split of its events, which
 /// keeps equal ops equal and their encoding canonical.
-pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
+pub(crate) fn push_target(targets: &mut Targets, mut t: Target) {
     while let Some(last) = targets.last_mut() {
         match continues(last, &t) {
             Some(false) => {
@@ -482,7 +561,7 @@ pub(crate) fn push_target(targets: &mut Vec<Target>, mut t: Target) {
 pub(crate) fn push_targets(
     history: &History,
     hint: &mut usize,
-    targets: &mut Vec<Target>,
+    targets: &mut Targets,
     lv: u32,
     n: u32,
     reversed: bool,
@@ -508,8 +587,8 @@ pub(crate) fn push_targets(
         }
     });
     if reversed {
-        let pieces: Vec<Target> = targets.drain(first..).rev().collect();
-        for t in pieces {
+        let pieces = targets.split_off(first);
+        for t in pieces.into_iter().rev() {
             push_target(targets, t);
         }
     }
@@ -577,7 +656,7 @@ mod tests {
     /// target pick the right ids.
     #[test]
     fn delete_targets_join_and_slice() {
-        let mut targets = Vec::new();
+        let mut targets = Targets::default();
         for c in [9, 8, 7] {
             push_target(
                 &mut targets,
@@ -605,6 +684,28 @@ mod tests {
         assert_eq!(head, op);
     }
 
+    /// A list of exactly one target is always held inline, however it was
+    /// made, so equal lists compare equal.
+    #[test]
+    fn one_target_is_inline() {
+        let t = |c| Target {
+            start: dot(2, c),
+            len: 1,
+            reversed: false,
+        };
+        let mut a = Targets::default();
+        assert!(a.is_empty());
+        a.push(t(1));
+        assert_eq!(a, Targets::One(t(1)));
+        assert_eq!(Targets::from(vec![t(1)]), a);
+        a.push(t(5));
+        assert_eq!(&*a, &[t(1), t(5)]);
+        assert_eq!(a.split_off(1), vec![t(5)]);
+        assert_eq!(a, Targets::One(t(1)));
+        assert_eq!(a.split_off(0), vec![t(1)]);
+        assert_eq!(a, Targets::default());
+    }
+
     /// Target lists are the greedy split of their events, whichever way the
     /// pieces arrive: `2, 3, 2` is `[2..=3] [2]`, never `[2] [3..=2]`.
     #[test]
@@ -614,17 +715,17 @@ mod tests {
             len,
             reversed,
         };
-        let mut a = vec![t(2, 1, false)];
+        let mut a = Targets::One(t(2, 1, false));
         push_target(&mut a, t(2, 2, true));
-        assert_eq!(a, vec![t(2, 2, false), t(2, 1, false)]);
-        let mut b = Vec::new();
+        assert_eq!(a, Targets::from(vec![t(2, 2, false), t(2, 1, false)]));
+        let mut b = Targets::default();
         for c in [2, 3, 2] {
             push_target(&mut b, t(c, 1, false));
         }
         assert_eq!(a, b);
         let op = TextOp {
             id: dot(1, 1),
-            kind: OpKind::Delete(vec![t(2, 1, false), t(2, 2, true)]),
+            kind: OpKind::Delete(vec![t(2, 1, false), t(2, 2, true)].into()),
         };
         assert!(op.check().is_err(), "a non-greedy split is refused");
     }
