@@ -202,13 +202,7 @@ impl Text {
         if u64::from(self.history.items) + n as u64 > MAX_CHARS {
             return Err(TextError::TooLarge { max: MAX_CHARS });
         }
-        let mut ins = Insertion {
-            origin_left: None,
-            origin_right: None,
-            len: n as u32,
-            text: Content::from(text),
-            hidden: Vec::new(),
-        };
+        let (mut origin_left, mut origin_right) = (None, None);
         if n > 0 {
             let agent = self.local_agent();
             let at = self.tree.insert_point(pos);
@@ -217,15 +211,23 @@ impl Text {
                 .history
                 .push_insert(agent, counter, n as u32, left, right);
             self.tree.insert(at, Run::new(lv, n as u32, false), text);
-            ins.origin_left = self.dot_of(left);
+            origin_left = self.dot_of(left);
             if self.right_origin.0 != right {
                 self.right_origin = (right, self.dot_of(right));
             }
-            ins.origin_right = self.right_origin.1;
+            origin_right = self.right_origin.1;
         }
+        // Built in one expression, where it is returned: a copy of a value
+        // just written in small pieces stalls on reading them back.
         Ok(TextOp {
             id: Dot::new(self.replica, counter),
-            kind: OpKind::Insert(ins),
+            kind: OpKind::Insert(Insertion {
+                origin_left,
+                origin_right,
+                len: n as u32,
+                text: Content::from(text),
+                hidden: Vec::new(),
+            }),
         })
     }
 
