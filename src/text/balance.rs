@@ -220,6 +220,7 @@ impl Tree {
             prev: leaf_id,
             next: leaf.next,
             mark: Cell::default(),
+            floor: leaf.floor,
         };
         leaf.chars -= right.chars;
         leaf.utf16 -= right.utf16;

@@ -185,6 +185,11 @@ pub(crate) struct History {
     /// The end of the chain (see [`History::chain_end`]) of entries' first
     /// characters that link to another, by local version, once found.
     chain_ends: HashMap<u32, u32>,
+    /// The depth (see [`History::depth`]) of the first character of each
+    /// of the first `depths.len()` insert entries, filled in on demand:
+    /// only a merge of concurrent edits asks, so a document edited in one
+    /// place holds none.
+    depths: Vec<u32>,
 }
 
 impl History {
@@ -311,6 +316,62 @@ impl History {
             self.agents[e.agent as usize].id,
             e.counter + u64::from(lv - e.lv),
         )
+    }
+
+    /// The depth of character `lv` in the tree its left origins make (a
+    /// character is a child of its left origin; the document start is the
+    /// root, at depth 0).
+    ///
+    /// Every integration places a character right after its left origin
+    /// or after whole subtrees of that origin's other children, never
+    /// inside one, so the document is a pre-order walk of this tree: the
+    /// characters that follow `x` and are deeper than it are exactly its
+    /// descendants, up to the first that is not deeper. Integration skips
+    /// a concurrent sibling's descendants that way.
+    pub(crate) fn depth(&mut self, lv: u32) -> u32 {
+        let e = self.entry_of(lv);
+        self.entry_depth(e).saturating_add(lv - self.inserts[e].lv)
+    }
+
+    /// The depth of insert entry `e`'s first character; its others follow
+    /// one deeper each (each names the one before as its left origin).
+    /// Fills in the depths of the entries before it first: an entry's left
+    /// origin is an earlier character, so one pass in order computes them.
+    fn entry_depth(&mut self, e: usize) -> u32 {
+        while self.depths.len() <= e {
+            let entry = &self.inserts[self.depths.len()];
+            let left = entry.origin_left;
+            // A left origin at or after its entry only comes from crafted
+            // bytes; any depth keeps integration moving forward.
+            let d = if left == NONE || left >= entry.lv {
+                1
+            } else {
+                let o = self.entry_of(left);
+                self.depths[o]
+                    .saturating_add(left - self.inserts[o].lv)
+                    .saturating_add(1)
+            };
+            self.depths.push(d);
+        }
+        self.depths[e]
+    }
+
+    /// The offset in `lv .. lv + n` of its first character at depth `d`
+    /// or less, if any. Depth grows along an entry, so only the first
+    /// character of each entry's piece of the range can be the one.
+    pub(crate) fn first_within_depth(&mut self, lv: u32, n: u32, d: u32) -> Option<u32> {
+        let end = lv + n;
+        let mut at = lv;
+        let mut e = self.entry_of(lv);
+        while at < end {
+            let start = self.inserts[e].lv;
+            if self.entry_depth(e).saturating_add(at - start) <= d {
+                return Some(at - lv);
+            }
+            at = start + self.entry_len(e);
+            e += 1;
+        }
+        None
     }
 
     /// The left and right origins of the character `lv`.

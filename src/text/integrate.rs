@@ -375,6 +375,9 @@ impl Text {
         let mut cur = left_pos.map_or(self.tree.start(), |p| self.tree.after(p));
         let mut dest = cur;
         let mut scanning = false;
+        // The last item passed whose left origin is `left` (a concurrent
+        // sibling), once one is.
+        let mut sibling = NONE;
         let mut checked = left == NONE || right == NONE;
         let misplaced = TextError::InvalidOp {
             what: "right origin not after the left origin",
@@ -413,6 +416,7 @@ impl Text {
             match self.order(oleft, left, left_pos, true) {
                 Less => break,
                 Equal => {
+                    sibling = other;
                     let right_pos = *right_pos.get_or_insert_with(|| self.pos_of(right));
                     match self.order(oright, right, right_pos, false) {
                         Less => {
@@ -440,6 +444,27 @@ impl Text {
                         }
                         Greater => scanning = false,
                     }
+                }
+                Greater if sibling != NONE => {
+                    // A descendant of the last sibling passed: none of its
+                    // descendants changes the outcome, and they run up to
+                    // the first item no deeper than it (the document is a
+                    // pre-order walk of the left-origin tree), so go there
+                    // in one search instead of item by item.
+                    let depth = self.history.depth(sibling);
+                    let from = self.tree.after(p);
+                    let (Ok(to) | Err(to)) =
+                        self.tree.next_within_depth(from, depth, &mut self.history);
+                    cur = to;
+                    // Never past `right` (only crafted origins put it there).
+                    if right != NONE {
+                        if let Some(r) = *right_pos.get_or_insert_with(|| self.pos_of(right)) {
+                            if self.tree.cmp(r, p) == Greater && self.tree.cmp(r, to) == Less {
+                                cur = r;
+                            }
+                        }
+                    }
+                    continue;
                 }
                 Greater => {}
             }
@@ -643,5 +668,84 @@ impl DeltaMerge for Text {
             delta.pending.push(op, 0);
         }
         delta
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Documents merged from random concurrent edits of 2 to 5 replicas
+    /// are pre-order walks of their left-origin trees (what skipping a
+    /// concurrent sibling's descendants by depth rests on), and
+    /// `next_within_depth` finds the item a scan item by item finds.
+    #[test]
+    fn documents_are_preorder_walks_of_left_origins() {
+        let mut x = 7u64;
+        let mut next = move |n: usize| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((x >> 33) % n as u64) as usize
+        };
+        for _ in 0..40 {
+            let k = 2 + next(4);
+            let mut replicas: Vec<Text> = (1..=k as u64)
+                .map(|i| Text::new(ReplicaId::new(i)))
+                .collect();
+            for _ in 0..80 {
+                let r = next(k);
+                let len = replicas[r].len();
+                match next(10) {
+                    0 => {
+                        let other = replicas[next(k)].clone();
+                        replicas[r].merge(&other);
+                    }
+                    1 | 2 if len > 0 => {
+                        let a = next(len);
+                        let b = (a + 1 + next(3)).min(len);
+                        replicas[r].delete(a..b).unwrap();
+                    }
+                    _ => {
+                        let text = ["a", "bc", "def"][next(3)];
+                        replicas[r].insert(next(len + 1), text).unwrap();
+                    }
+                }
+            }
+            let mut doc = replicas[0].clone();
+            for r in &replicas[1..] {
+                doc.merge(r);
+            }
+            let items: Vec<u32> = doc
+                .tree
+                .leaves()
+                .flat_map(|l| l.runs.iter().flat_map(|r| r.lv..r.end()))
+                .collect();
+            let depths: Vec<u32> = items.iter().map(|&lv| doc.history.depth(lv)).collect();
+            let (mut before, mut before_depth) = (NONE, 0);
+            for (&lv, &depth) in items.iter().zip(&depths) {
+                let (left, _) = doc.history.origins_of(lv);
+                let parent = if left == NONE {
+                    0
+                } else {
+                    doc.history.depth(left)
+                };
+                assert_eq!(depth, parent + 1);
+                assert!(depth <= before_depth + 1);
+                assert_eq!(depth == before_depth + 1, left == before);
+                (before, before_depth) = (lv, depth);
+            }
+            let deepest = depths.iter().copied().max().unwrap_or(0) as usize;
+            for _ in 0..60 {
+                let i = next(items.len());
+                let d = next(deepest + 2) as u32;
+                let from = doc.tree.locate(items[i]).unwrap();
+                let want = (i..items.len()).find(|&j| depths[j] <= d);
+                match doc.tree.next_within_depth(from, d, &mut doc.history) {
+                    Ok(p) => assert_eq!(Some(p), want.map(|j| doc.tree.locate(items[j]).unwrap())),
+                    Err(_) => assert_eq!(want, None),
+                }
+            }
+        }
     }
 }

@@ -149,6 +149,12 @@ pub(crate) struct Leaf {
     /// from here when it is nearer than an end. Whatever changes `text`
     /// before it must move it (or reset it to the start).
     pub(crate) mark: Cell<(u32, u32)>,
+    /// A lower bound of the depths (see
+    /// [`History::depth`](super::history::History::depth)) of the items
+    /// here; 0 says nothing. Raised by a search that found nothing this
+    /// shallow here, reset by an insert (splits keep it: it bounds both
+    /// halves).
+    pub(crate) floor: u32,
 }
 
 impl Leaf {

@@ -65,6 +65,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use super::NONE;
+use super::history::History;
 use super::leaf::{Leaf, Run, byte_at, utf16_len};
 
 /// Most children of an internal node (one more is allowed for an instant,
@@ -543,6 +544,58 @@ impl Tree {
         (a.run, a.offset).cmp(&(b.run, b.offset))
     }
 
+    /// The place of the first item from `from` on whose depth (see
+    /// [`History::depth`]) is `d` or less, or `Err` with the end of the
+    /// document if there is none. Leaves whose floor is above `d` are
+    /// passed at once; a leaf searched in full without a hit raises its
+    /// floor to `d + 1`, so searching again at that depth passes it.
+    pub(crate) fn next_within_depth(
+        &mut self,
+        from: Pos,
+        d: u32,
+        history: &mut History,
+    ) -> Result<Pos, Pos> {
+        let (mut leaf, mut run, mut offset, mut chars) =
+            (from.leaf, from.run, from.offset, from.chars);
+        loop {
+            let l = &self.leaves[leaf as usize];
+            let whole = run == 0 && offset == 0;
+            if !(whole && l.floor > d) {
+                while let Some(&r) = l.runs.get(run) {
+                    if let Some(k) = history.first_within_depth(r.lv + offset, r.len() - offset, d)
+                    {
+                        let offset = offset + k;
+                        let chars = chars + if r.deleted() { 0 } else { k as usize };
+                        return Ok(Pos {
+                            leaf,
+                            run,
+                            offset,
+                            chars,
+                        });
+                    }
+                    if !r.deleted() {
+                        chars += (r.len() - offset) as usize;
+                    }
+                    run += 1;
+                    offset = 0;
+                }
+                if whole {
+                    self.leaves[leaf as usize].floor = d.saturating_add(1);
+                }
+            }
+            let l = &self.leaves[leaf as usize];
+            if l.next == NONE {
+                return Err(Pos {
+                    leaf,
+                    run: l.runs.len(),
+                    offset: 0,
+                    chars: l.chars,
+                });
+            }
+            (leaf, run, offset, chars) = (l.next, 0, 0, 0);
+        }
+    }
+
     /// Inserts `run` (new local versions, never seen before) at `pos`, with
     /// `text` as its content when visible (`""` for a deleted run).
     ///
@@ -556,6 +609,7 @@ impl Tree {
         }
         let leaf = &mut self.leaves[leaf_id as usize];
         let old = Metrics::of(leaf);
+        leaf.floor = 0;
         let mut at = pos.run;
         if pos.offset > 0 {
             let (l, r) = leaf.runs[at].split(pos.offset);
