@@ -126,10 +126,15 @@ impl Default for Content {
 }
 
 impl From<&str> for Content {
+    #[inline]
     fn from(s: &str) -> Self {
-        let mut c = Content::default();
-        c.push_str(s);
-        c
+        if s.len() <= INLINE {
+            let mut bytes = [0; INLINE];
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            Content::Inline(s.len() as u8, bytes)
+        } else {
+            Content::Heap(s.to_owned())
+        }
     }
 }
 
