@@ -104,6 +104,11 @@ pub struct Text {
     /// The insert entry the last local deletion hit (see
     /// [`History::pieces`]).
     delete_hint: usize,
+    /// The last remote insertion integrated: its left origin, its first
+    /// local version and the item count just after it ([`NONE`]s before
+    /// the first). A remote keystroke typed right before it, arriving
+    /// next, goes there without a scan (see `Text::place`).
+    pub(crate) placed: (u32, u32, u32),
 }
 
 impl Default for Text {
@@ -124,6 +129,7 @@ impl Text {
             right_origin: (NONE, None),
             local: NONE,
             delete_hint: 0,
+            placed: (NONE, NONE, NONE),
         }
     }
 

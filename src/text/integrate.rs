@@ -237,6 +237,7 @@ impl Text {
                     .history
                     .push_insert(agent, op.id.counter(), ins.len, left, right);
                 self.insert_content(place, lv, ins);
+                self.placed = (left, lv, self.history.items);
             }
             OpKind::Delete(targets) => {
                 let mut pieces = Vec::new();
@@ -358,6 +359,18 @@ impl Text {
     /// between them concurrently (every op of a linear history), the
     /// first item after `left` is `right` and the scan is over.
     ///
+    /// An item `y` integrated right after another, `x`, with `x`'s left
+    /// origin and `x` itself as right origin (backward typing) goes right
+    /// before `x`, found without a scan: `y`'s scan would pass exactly
+    /// the items `x`'s passed before its place, with `y` deciding as `x`
+    /// did at each, or stopping scanning where `x` scanned on (a right
+    /// origin before `x` lies before `x`'s right origin; one between them
+    /// is after `x`), and since no item names `x` yet, nothing breaks the
+    /// scan before `x`, where `x` had nothing scanned to go back to. So
+    /// concurrent backward typing costs one scan per replica, not one
+    /// per keystroke. `Text::placed` remembers `x` while no item has been
+    /// inserted since.
+    ///
     /// # Errors
     ///
     /// [`TextError::InvalidOp`] when `right` is not after `left` (no
@@ -371,6 +384,11 @@ impl Text {
         replica: ReplicaId,
     ) -> Result<Pos, TextError> {
         use std::cmp::Ordering::*;
+        if self.placed == (left, right, self.history.items) {
+            if let Some(p) = self.pos_of(right) {
+                return Ok(p);
+            }
+        }
         let mut right_pos: Option<Option<Pos>> = None;
         let mut cur = left_pos.map_or(self.tree.start(), |p| self.tree.after(p));
         let mut dest = cur;
