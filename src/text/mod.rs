@@ -160,9 +160,25 @@
 //! its own right origin: the chain's end (found once, then kept), or,
 //! when the right origin lies inside the chain (the users synced mid-run),
 //! the link reached by binary lifting (jumps of 2^k links, kept). Two users
-//! typing n characters backward at one place merge in O(n log n); with u
-//! users at one place, each keystroke passes each other user's run once,
-//! O(n u). The bench's concurrent scenarios (the B1–B3 family of dmonad's
+//! typing n characters backward at one place merge in O(n log n).
+//!
+//! Two more shortcuts keep other shapes near-linear:
+//!
+//! - A keystroke typed right before the remote insertion integrated just
+//!   before it (same left origin, that insertion as right origin: backward
+//!   typing) goes right before it without a scan: its scan would pass the
+//!   same items and reach it with nothing scanned to go back to. u users
+//!   typing backward at one place, each history merged in turn, cost one
+//!   scan per user, not one per keystroke.
+//! - Characters form a tree (each a child of its left origin), and the
+//!   document is a pre-order walk of it, since an item is only ever placed
+//!   right after its left origin or after whole subtrees of that origin's
+//!   other children. So a concurrent sibling's descendants are the items
+//!   after it that are deeper than it, up to the first that is not: the
+//!   scan passes them in one search over the leaves (each keeps a lower
+//!   bound of its items' depths) instead of item by item.
+//!
+//! The bench's concurrent scenarios (the B1–B3 family of dmonad's
 //! crdt-benchmarks, at n and 4n) show the growth beside diamond-types.
 //!
 //! # Sync
