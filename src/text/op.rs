@@ -129,13 +129,51 @@ impl From<&str> for Content {
     #[inline]
     fn from(s: &str) -> Self {
         if s.len() <= INLINE {
-            let mut bytes = [0; INLINE];
-            bytes[..s.len()].copy_from_slice(s.as_bytes());
-            Content::Inline(s.len() as u8, bytes)
+            Content::Inline(s.len() as u8, inline_bytes(s.as_bytes()))
         } else {
             Content::Heap(s.to_owned())
         }
     }
+}
+
+/// `s` (at most [`INLINE`] bytes) followed by zeros, built from a few
+/// overlapping word loads of `s` combined in registers. Copying `s` into
+/// a zeroed array byte-wise and then moving the array stalls: the moves
+/// read it back in words that span the copy's smaller stores, which the
+/// processor cannot forward.
+#[inline]
+fn inline_bytes(s: &[u8]) -> [u8; INLINE] {
+    fn word(s: &[u8], at: usize) -> u64 {
+        let mut w = [0; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_le_bytes(w)
+    }
+    fn half(s: &[u8], at: usize) -> u64 {
+        let mut w = [0; 4];
+        w.copy_from_slice(&s[at..at + 4]);
+        u64::from(u32::from_le_bytes(w))
+    }
+    let n = s.len();
+    // The last word's bytes, shifted down so that byte `n - 1` is its
+    // highest: bytes `8 * k .. n` of the result for word `k`.
+    let tail = |k: usize| word(s, n - 8) >> (8 * (8 * (k + 1) - n));
+    let (w0, w1, w2) = match n {
+        0 => (0, 0, 0),
+        1..=3 => {
+            let b = |i: usize| u64::from(s[i]) << (8 * i);
+            (b(0) | b(n / 2) | b(n - 1), 0, 0)
+        }
+        4..=7 => (half(s, 0) | half(s, n - 4) << (8 * (n - 4)), 0, 0),
+        8 => (word(s, 0), 0, 0),
+        9..=16 => (word(s, 0), tail(1), 0),
+        17..=INLINE => (word(s, 0), word(s, 8), tail(2)),
+        _ => unreachable!("inline_bytes is given at most INLINE bytes"),
+    };
+    let mut out = [0; INLINE];
+    out[..8].copy_from_slice(&w0.to_le_bytes());
+    out[8..16].copy_from_slice(&w1.to_le_bytes());
+    out[16..].copy_from_slice(&w2.to_le_bytes()[..INLINE - 16]);
+    out
 }
 
 impl From<String> for Content {
