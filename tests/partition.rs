@@ -950,6 +950,71 @@ fn run_outside_a_runtime_on_a_busy_key_still_runs() {
     assert_eq!(rt.block_on(busy), Ok(1));
 }
 
+/// `run` started inside a task and then dropped outside any runtime,
+/// mid-work, with work queued behind it: no runtime is left to finish the
+/// rest or drain the queue, so both resolve to `Abandoned` and the key is
+/// torn down (not left busy forever); and `run` inside a task on another
+/// runtime, dropped there, hands the rest of its work to a drain task as
+/// usual.
+#[test]
+fn a_run_dropped_outside_its_runtime_abandons_the_queue_loudly() {
+    let rt = runtime();
+    let serial = SerialExecutor::new();
+    let (_never_opened, wait) = gate();
+    let s = serial.clone();
+    let (started, queued) = rt.block_on(async {
+        tokio::spawn(async move {
+            let r = s.clone();
+            let mut run = Box::pin(async move {
+                r.run("k", async move {
+                    wait.await.ok();
+                })
+                .await
+            });
+            std::future::poll_fn(|cx| {
+                assert!(run.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            let queued = s.try_submit_fn("k", || 1).expect("queued");
+            (run, queued)
+        })
+        .await
+        .expect("the task ran")
+    });
+    assert_eq!(serial.active_keys(), 1);
+    std::thread::spawn(move || drop(started))
+        .join()
+        .expect("dropped outside the runtime");
+    assert_eq!(serial.active_keys(), 0);
+    assert_eq!(block_on(queued), Err(SerialError::Abandoned));
+
+    let (open, wait) = gate();
+    let s = serial.clone();
+    let queued = rt.block_on(async {
+        tokio::spawn(async move {
+            let mut run = Box::pin(s.run("k", async move {
+                wait.await.ok();
+                2
+            }));
+            std::future::poll_fn(|cx| {
+                assert!(run.as_mut().poll(cx).is_pending());
+                std::task::Poll::Ready(())
+            })
+            .await;
+            let queued = s.try_submit_fn("k", || 3).expect("queued");
+            drop(run);
+            open.send(()).expect("the rest of the run awaits the gate");
+            queued.await
+        })
+        .await
+        .expect("the task ran")
+    });
+    assert_eq!(queued, Ok(3));
+    rt.block_on(serial.idle());
+    assert_eq!(serial.active_keys(), 0);
+}
+
 /// A zero capacity is a caller bug, refused loudly.
 #[test]
 #[should_panic(expected = "queue capacity must be between 1")]
