@@ -390,6 +390,53 @@ fn utf8_and_utf16_conversions_round_trip() {
     ));
 }
 
+/// Conversions right after edits anywhere in a document of many leaves
+/// (an edit reaches the counts above its leaf only later) agree with the
+/// text: at random character positions after every edit, the UTF-8 and
+/// UTF-16 offsets and back.
+#[test]
+fn conversions_after_edits_in_the_middle_agree_with_the_text() {
+    let pieces = ["a😀日", "e\u{301}ü", "👩‍👩‍👧 x", "plain ascii words ", "ß"];
+    let mut doc = Text::new(r(1));
+    let mut model: Vec<char> = Vec::new();
+    let mut x = 11u64;
+    let mut next = |m: usize| {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) as usize % m.max(1)
+    };
+    for step in 0..1_500 {
+        let at = next(model.len() + 1);
+        if step % 4 == 3 && !model.is_empty() {
+            let n = 1 + next(model.len().min(8));
+            let at = at.min(model.len() - n);
+            doc.delete(at..at + n).unwrap();
+            model.drain(at..at + n);
+        } else {
+            let piece = pieces[next(pieces.len())];
+            doc.insert(at, piece).unwrap();
+            model.splice(at..at, piece.chars());
+        }
+        for _ in 0..4 {
+            let c = next(model.len() + 1);
+            let b8: usize = model[..c].iter().map(|ch| ch.len_utf8()).sum();
+            let b16: usize = model[..c].iter().map(|ch| ch.len_utf16()).sum();
+            assert_eq!(doc.chars_to_utf8(c), Ok(b8), "step {step}");
+            assert_eq!(doc.chars_to_utf16(c), Ok(b16), "step {step}");
+            assert_eq!(doc.utf8_to_chars(b8), Ok(c), "step {step}");
+            assert_eq!(doc.utf16_to_chars(b16), Ok(c), "step {step}");
+        }
+    }
+    assert!(
+        doc.len_utf8() > 8_000,
+        "many leaves: {} bytes",
+        doc.len_utf8()
+    );
+    assert_eq!(doc.to_string(), model.iter().collect::<String>());
+    doc.assert_invariants();
+}
+
 /// Positions past the end and bad ranges are typed errors that change
 /// nothing.
 #[test]

@@ -165,13 +165,32 @@ impl Tree {
         }
     }
 
-    /// Pushes a change of `leaf`'s metrics (from `old`) up to the root.
+    /// Records a change of `leaf`'s metrics (from `old`): in the total at
+    /// once, and in its ancestors when the stale leaf is next flushed (see
+    /// [`Tree::stale`](Tree)).
     pub(super) fn propagate(&mut self, leaf: u32, old: Metrics) {
         let new = Metrics::of(&self.leaves[leaf as usize]);
         if new == old {
             return;
         }
         self.total.adjust(new, old);
+        match self.stale {
+            // Its ancestors still count it as before the first change.
+            Some((stale, _)) if stale == leaf => {}
+            _ => {
+                self.flush();
+                self.stale = Some((leaf, old));
+            }
+        }
+    }
+
+    /// Pushes the stale leaf's change (see [`Tree::stale`](Tree)) up to
+    /// the root.
+    pub(super) fn flush(&mut self) {
+        let Some((leaf, old)) = self.stale.take() else {
+            return;
+        };
+        let new = Metrics::of(&self.leaves[leaf as usize]);
         let l = &self.leaves[leaf as usize];
         let (mut slot, mut parent) = (l.slot, l.parent);
         while parent != NONE {
@@ -194,6 +213,8 @@ impl Tree {
     /// Moves the second half of `leaf_id` (by runs, or by bytes for a leaf
     /// with few, long runs) into a new leaf after it. Returns the new leaf.
     fn split_leaf(&mut self, leaf_id: u32) -> u32 {
+        // Splits set the halves' counts from the leaves.
+        self.flush();
         if let Some(c) = &mut self.cursor {
             if c.leaf == leaf_id {
                 // Run indices past the split move to the new leaf.
@@ -385,7 +406,10 @@ impl Tree {
                 let c = node.children[s];
                 let (m, parent) = if node.leaves {
                     let l = &self.leaves[c as usize];
-                    (Metrics::of(l), l.parent)
+                    match self.stale {
+                        Some((stale, old)) if stale == c => (old, l.parent),
+                        _ => (Metrics::of(l), l.parent),
+                    }
                 } else {
                     let n = &self.nodes[c as usize];
                     (n.sum(0..n.len), n.parent)

@@ -59,6 +59,16 @@
 //! edit before the cached leaf would move its start, so every edit either
 //! refreshes the cache or clears it; a split of the cached leaf resets the
 //! run part.
+//!
+//! # Counts pushed up late
+//!
+//! An edit updates its leaf's counts and the document's total at once,
+//! but its ancestors' counts only when another leaf changes, a search
+//! descends from the root, or a leaf splits (`stale`): a burst of typing
+//! in one leaf walks to the root once, not once per keystroke. The
+//! searches of edits push the change up first; a conversion between
+//! units, which cannot, corrects the counts on the stale leaf's way down
+//! as it reads them.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -163,6 +173,12 @@ pub(crate) struct Tree {
     pub(super) index: OnceLock<BTreeMap<u32, u32>>,
     /// The metrics of the whole document.
     pub(super) total: Metrics,
+    /// A leaf whose ancestors still count it with the metrics given: a
+    /// change to a leaf reaches its ancestors only when another leaf
+    /// changes, a search descends from the root, or a leaf splits (see
+    /// [`Tree::flush`]), so a burst of typing in one leaf walks to the root
+    /// once, not once per keystroke. `total` is always up to date.
+    pub(super) stale: Option<(u32, Metrics)>,
     /// Where the last local edit was; cleared by any change that could
     /// move that leaf's start.
     pub(super) cursor: Option<Cursor>,
@@ -170,6 +186,17 @@ pub(crate) struct Tree {
     /// [`NONE`]. Leaves are never removed, so it is always a leaf; a hint,
     /// tried first.
     last_found: u32,
+}
+
+/// The way down to the stale leaf (see [`Tree::stale`](Tree)), for a
+/// search that cannot flush it.
+struct StalePath {
+    /// Each ancestor and the slot below it on the way down, root first.
+    path: Vec<(u32, usize)>,
+    /// The leaf's metrics.
+    new: Metrics,
+    /// The metrics its ancestors count it with.
+    old: Metrics,
 }
 
 /// The cursor cache (see the module docs): a leaf, where it starts, and a
@@ -195,6 +222,7 @@ impl Default for Tree {
             root: 0,
             index: OnceLock::new(),
             total: Metrics::default(),
+            stale: None,
             cursor: None,
             last_found: NONE,
         }
@@ -227,6 +255,8 @@ impl Tree {
     /// goes to the leaf on its left (the one holding character `chars - 1`);
     /// otherwise to the one holding character `chars`. Uses the selected
     /// unit: `unit(m)` reads the count to descend by.
+    /// A stale leaf's counts (see [`Tree::stale`](Tree)) are corrected
+    /// along its path; the searches of edits flush it first instead.
     fn descend(
         &self,
         mut target: usize,
@@ -237,30 +267,66 @@ impl Tree {
         if self.nodes.is_empty() {
             return (0, before);
         }
-        let mut node = &self.nodes[self.root as usize];
+        let stale = self.stale_path();
+        let (mut node_id, mut depth) = (self.root, 0);
         loop {
+            let node = &self.nodes[node_id as usize];
+            // The child of this node above the stale leaf, with its change.
+            let fix = stale.as_ref().and_then(|s| match s.path.get(depth) {
+                Some(&(n, slot)) if n == node_id => Some((slot, s.new, s.old)),
+                _ => None,
+            });
+            let metrics = |i: usize| {
+                let mut m = node.metrics[i];
+                if let Some((slot, new, old)) = fix {
+                    if slot == i {
+                        m.adjust(new, old);
+                    }
+                }
+                m
+            };
             let mut i = 0;
             while i + 1 < node.len {
-                let c = unit(&node.metrics[i]);
+                let m = metrics(i);
+                let c = unit(&m);
                 let inside = if stick_left { target <= c } else { target < c };
                 if inside {
                     break;
                 }
                 target -= c;
-                before.add(node.metrics[i]);
+                before.add(m);
                 i += 1;
             }
             let child = node.children[i];
             if node.leaves {
                 return (child, before);
             }
-            node = &self.nodes[child as usize];
+            (node_id, depth) = (child, depth + 1);
         }
+    }
+
+    /// The stale leaf's way down from the root and its uncounted change.
+    fn stale_path(&self) -> Option<StalePath> {
+        let (leaf, old) = self.stale?;
+        let l = &self.leaves[leaf as usize];
+        let mut path = Vec::new();
+        let (mut slot, mut parent) = (l.slot, l.parent);
+        while parent != NONE {
+            path.push((parent, slot as usize));
+            let node = &self.nodes[parent as usize];
+            (slot, parent) = (node.slot, node.parent);
+        }
+        path.reverse();
+        Some(StalePath {
+            path,
+            new: Metrics::of(l),
+            old,
+        })
     }
 
     /// The leaf holding the place `chars` characters from the start and the
     /// character position where it starts, consulting the cursor cache.
-    fn find_chars(&self, chars: usize, stick_left: bool) -> (u32, usize) {
+    fn find_chars(&mut self, chars: usize, stick_left: bool) -> (u32, usize) {
         if let Some(Cursor { leaf, start, .. }) = self.cursor {
             let len = self.leaves[leaf as usize].chars;
             let inside = if stick_left {
@@ -272,6 +338,7 @@ impl Tree {
                 return (leaf, start);
             }
         }
+        self.flush();
         let (leaf, before) = self.descend(chars, stick_left, |m| m.chars);
         (leaf, before.chars)
     }
