@@ -165,6 +165,12 @@ impl Leaf {
         self.runs.insert(at, run);
     }
 
+    /// Inserts `runs` at run index `at`, moving the runs after it once.
+    pub(crate) fn insert_runs(&mut self, at: usize, runs: [Run; 2]) {
+        reserve_lean(&mut self.runs, runs.len(), RUNS_STEP);
+        self.runs.splice(at..at, runs);
+    }
+
     /// Inserts `text` at byte `byte` of the leaf's text, growing it by a
     /// little more than `text` when it lacks room.
     pub(crate) fn insert_text(&mut self, byte: usize, text: &str) {

@@ -852,31 +852,60 @@ impl Tree {
     fn bury(&mut self, leaf_id: u32, i: usize, offset: u32, take: u32) -> usize {
         let leaf = &mut self.leaves[leaf_id as usize];
         let r = leaf.runs[i];
-        let mut at = i;
         let dead = Run::new(r.lv + offset, take, true);
-        if offset > 0 {
-            leaf.runs[at] = r.with_len(offset);
-            at += 1;
-            leaf.insert_run(at, dead);
-        } else {
-            leaf.runs[at] = dead;
-        }
         let rest = r.len() - offset - take;
-        if rest > 0 {
-            leaf.insert_run(at + 1, Run::new(r.lv + offset + take, rest, false));
+        // What is left after them, when something is.
+        let right = || Run::new(dead.end(), rest, false);
+        match (offset > 0, rest > 0) {
+            (false, false) => {
+                leaf.runs[i] = dead;
+                let mut at = i;
+                if at > 0 && leaf.runs[at - 1].joins(dead) {
+                    let prev = leaf.runs[at - 1];
+                    leaf.runs[at - 1] = prev.with_len(prev.len() + take);
+                    leaf.runs.remove(at);
+                    at -= 1;
+                }
+                if at + 1 < leaf.runs.len() && leaf.runs[at].joins(leaf.runs[at + 1]) {
+                    let here = leaf.runs[at];
+                    leaf.runs[at] = here.with_len(here.len() + leaf.runs[at + 1].len());
+                    leaf.runs.remove(at + 1);
+                }
+                at
+            }
+            // The head of the run dies: a tombstone before it that the
+            // dead items continue (forward deletion) grows instead.
+            (false, true) if i > 0 && leaf.runs[i - 1].joins(dead) => {
+                let prev = leaf.runs[i - 1];
+                leaf.runs[i - 1] = prev.with_len(prev.len() + take);
+                leaf.runs[i] = right();
+                i - 1
+            }
+            (false, true) => {
+                leaf.runs[i] = dead;
+                leaf.insert_run(i + 1, right());
+                i
+            }
+            // The tail dies: a tombstone after it that continues the dead
+            // items (backspacing) starts earlier instead.
+            (true, false) if i + 1 < leaf.runs.len() && dead.joins(leaf.runs[i + 1]) => {
+                let next = leaf.runs[i + 1];
+                leaf.runs[i] = r.with_len(offset);
+                leaf.runs[i + 1] = Run::new(dead.lv, take + next.len(), true);
+                i + 1
+            }
+            (true, false) => {
+                leaf.runs[i] = r.with_len(offset);
+                leaf.insert_run(i + 1, dead);
+                i + 1
+            }
+            // The middle dies: one insert of two runs.
+            (true, true) => {
+                leaf.runs[i] = r.with_len(offset);
+                leaf.insert_runs(i + 1, [dead, right()]);
+                i + 1
+            }
         }
-        if at > 0 && leaf.runs[at - 1].joins(leaf.runs[at]) {
-            let prev = leaf.runs[at - 1];
-            leaf.runs[at - 1] = prev.with_len(prev.len() + take);
-            leaf.runs.remove(at);
-            at -= 1;
-        }
-        if at + 1 < leaf.runs.len() && leaf.runs[at].joins(leaf.runs[at + 1]) {
-            let here = leaf.runs[at];
-            leaf.runs[at] = here.with_len(here.len() + leaf.runs[at + 1].len());
-            leaf.runs.remove(at + 1);
-        }
-        at
     }
 
     /// Calls `visit` for each stretch of items `lv .. lv + n` in local
