@@ -677,14 +677,15 @@ impl Tree {
         let leaf = &mut self.leaves[leaf_id as usize];
         let old = Metrics::of(leaf);
         leaf.floor = 0;
-        let mut at = pos.run;
-        if pos.offset > 0 {
+        let at = pos.run;
+        let (cached, cached_chars) = if pos.offset > 0 {
+            // Inside a run: its head cannot join the new run, whose local
+            // versions are past all of the run's.
             let (l, r) = leaf.runs[at].split(pos.offset);
             leaf.runs[at] = l;
-            leaf.insert_run(at + 1, r);
-            at += 1;
-        }
-        let (cached, cached_chars) = if at > 0 && leaf.runs[at - 1].joins(run) {
+            leaf.insert_runs(at + 1, [run, r]);
+            (at + 1, pos.chars)
+        } else if at > 0 && leaf.runs[at - 1].joins(run) {
             let prev = leaf.runs[at - 1];
             leaf.runs[at - 1] = prev.with_len(prev.len() + run.len());
             (at - 1, pos.chars - prev.visible() as usize)
