@@ -235,6 +235,16 @@ pub(crate) fn utf16_len(s: &str) -> usize {
     char_len(s) + s.bytes().filter(|&b| b >= 0xF0).count()
 }
 
+/// [`utf16_len`] of `s`, which holds `chars` characters: `chars` without
+/// reading `s` when each is one byte (ASCII).
+pub(crate) fn utf16_len_of(s: &str, chars: usize) -> usize {
+    if s.len() == chars {
+        chars
+    } else {
+        utf16_len(s)
+    }
+}
+
 /// How many bytes of `word` start a character (are not `10xxxxxx`).
 fn starts_in(word: u64) -> u32 {
     const HIGH: u64 = 0x8080_8080_8080_8080;

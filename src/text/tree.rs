@@ -76,7 +76,7 @@ use std::sync::OnceLock;
 
 use super::NONE;
 use super::history::History;
-use super::leaf::{Leaf, Run, byte_at, utf16_len};
+use super::leaf::{Leaf, Run, byte_at, utf16_len_of};
 
 /// Most children of an internal node (one more is allowed for an instant,
 /// before the node splits).
@@ -705,7 +705,7 @@ impl Tree {
                 (byte + text.len()) as u32,
             ));
             leaf.chars += run.len() as usize;
-            leaf.utf16 += utf16_len(text);
+            leaf.utf16 += utf16_len_of(text, run.len() as usize);
         }
         self.index_append(run.lv, leaf_id);
         self.propagate(leaf_id, old);
@@ -835,7 +835,7 @@ impl Tree {
         } else {
             b0 + byte_at(&leaf.text[b0..], n)
         };
-        leaf.utf16 -= utf16_len(&leaf.text[b0..b1]);
+        leaf.utf16 -= utf16_len_of(&leaf.text[b0..b1], n);
         leaf.chars -= n;
         leaf.text.drain(b0..b1);
         leaf.mark.set((chars as u32, b0 as u32));
