@@ -356,15 +356,17 @@ impl Tree {
         } else {
             self.find_chars(chars, true)
         };
-        let runs = &self.leaves[leaf as usize].runs;
+        let l = &self.leaves[leaf as usize];
+        let runs = &l.runs;
         let want = chars - start;
         // Start the scan at the cached run when the place is at or after it.
-        let (mut i, mut acc) = match self.cursor {
+        let hinted = match self.cursor {
             Some(c) if c.leaf == leaf && c.run_chars <= want && c.run <= runs.len() => {
-                (c.run, c.run_chars)
+                Some((c.run, c.run_chars))
             }
-            _ => (0, 0),
+            _ => None,
         };
+        let (mut i, mut acc) = hinted.unwrap_or((0, 0));
         self.cursor = Some(Cursor {
             leaf,
             start,
@@ -373,6 +375,9 @@ impl Tree {
         });
         let mut offset = 0;
         if want > 0 {
+            if hinted.is_none() && want > l.chars / 2 {
+                (i, acc) = reaching_from_end(runs, l.chars, want);
+            }
             while i < runs.len() {
                 let v = runs[i].visible() as usize;
                 if acc + v >= want {
@@ -1004,6 +1009,24 @@ impl Tree {
                 .map(width)
                 .sum::<usize>()
     }
+}
+
+/// The first of `runs` (which hold `total` visible characters) whose
+/// visible characters reach `k` (`1 <= k <= total`) and the visible
+/// characters before it, counted back from the end: fewer steps than from
+/// the start for a place in a leaf's second half.
+fn reaching_from_end(runs: &[Run], total: usize, k: usize) -> (usize, usize) {
+    let (mut j, mut through) = (runs.len(), total);
+    while j > 1 {
+        let v = runs[j - 1].visible() as usize;
+        if through - v < k {
+            break;
+        }
+        through -= v;
+        j -= 1;
+    }
+    // The runs before `j` reach `k`, those before `j - 1` do not.
+    (j - 1, through - runs[j - 1].visible() as usize)
 }
 
 /// The run holding visible character `chars` of `runs` (skipping
