@@ -334,6 +334,16 @@ macro_rules! suite {
             .await;
         }
 
+        /// The partition log's single writer with its members as OS
+        /// processes, one frozen by SIGSTOP and one killed by SIGKILL.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn partition_log_across_processes() {
+            let Some(server) = calm::testing::servers::skip_or_fail(<$backend>::start()) else {
+                return;
+            };
+            crate::partition_log::processes::single_writer_across_processes(&server, "plp/").await;
+        }
+
         /// Fencing, election, lock, idempotency and ownership.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn recipes() {

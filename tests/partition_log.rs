@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use calm::coord::{Lease, Ownership};
+use calm::coord::{Lease, Member, Ownership, View};
+use calm::occ::Version;
 use calm::partition::{LogError, PartitionLog};
 use calm::store::{MemoryStore, Store, TxnOp};
 use calm::testing::faults::InstrumentedStore;
@@ -20,12 +21,18 @@ const PER_ENTITY: usize = 30;
 /// when its lease is lost (it was paused past the TTL) join again. The
 /// effect of a command is a key of its own holding the applying member's
 /// view token, so the test can tell who applied what, and whether twice.
+/// Each command takes `pace` (a blocking sleep, as slow work would);
+/// `say` hears of each command begun (see [`effect`]), each pass that
+/// applied something (`APPLIED <commands> <token>`) and each pass that
+/// found a partition fenced by a newer owner (`FENCED <token>`).
 async fn member<S: Store + Clone + 'static>(
-    store: InstrumentedStore<S>,
+    store: S,
     prefix: String,
     name: String,
     ttl: Duration,
     stop: Arc<AtomicBool>,
+    pace: Duration,
+    say: fn(String),
 ) {
     let log = PartitionLog::new(store.clone(), format!("{prefix}log/"), 8).unwrap();
     let group = Ownership::new(store.clone(), format!("{prefix}members/")).unwrap();
@@ -43,11 +50,20 @@ async fn member<S: Store + Clone + 'static>(
             let Ok(view) = group.view().await else {
                 continue;
             };
+            let token = view.token().get();
             match log
-                .apply_owned(&view, &name, effect(&effects, view.token().get()))
+                .apply_owned(&view, &name, effect(&effects, token, pace, say))
                 .await
             {
-                Ok(_) | Err(LogError::Coord(_)) => {}
+                Ok(a) => {
+                    if a.commands > 0 {
+                        say(format!("APPLIED {} {token}", a.commands));
+                    }
+                    if !a.fenced.is_empty() {
+                        say(format!("FENCED {token}"));
+                    }
+                }
+                Err(LogError::Coord(_)) => {}
                 Err(e) => panic!("{name}: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -56,10 +72,20 @@ async fn member<S: Store + Clone + 'static>(
 }
 
 /// The effect of a command: a key of its own (`effects/<entity>/<seq>`)
-/// holding the token of the view it was applied under.
-fn effect(effects: &str, token: u64) -> impl FnMut(&calm::partition::Command) -> Vec<TxnOp> {
+/// holding the token of the view it was applied under, made after `pace`
+/// (told to `say` first, as `APPLYING <token>`, when not zero).
+fn effect(
+    effects: &str,
+    token: u64,
+    pace: Duration,
+    say: fn(String),
+) -> impl FnMut(&calm::partition::Command) -> Vec<TxnOp> {
     let effects = effects.to_owned();
     move |c| {
+        if !pace.is_zero() {
+            say(format!("APPLYING {token}"));
+            std::thread::sleep(pace);
+        }
         let mut key = effects.clone().into_bytes();
         key.extend_from_slice(&c.key);
         key.push(b'/');
@@ -68,70 +94,80 @@ fn effect(effects: &str, token: u64) -> impl FnMut(&calm::partition::Command) ->
     }
 }
 
-/// Three members apply a stream of commands for ten entities while one is
-/// paused past its lease (its in-flight calls held, then released with a
-/// stale view) and another crashes (its task aborted, its lease left to
-/// expire) and comes back, and a zombie keeps applying with the view from
-/// before the crash (an owner that paused holding it: two members then
-/// believe they own the same partitions). Afterwards every command was applied exactly
-/// once, each entity's commands in the order they were appended, and in
-/// each partition the applying tokens never went down in commit order (a
-/// stale owner's effect never landed after a newer owner's).
-pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 'static>(
-    store: S,
-    prefix: &str,
-    ttl: Duration,
-) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let conns: Vec<InstrumentedStore<S>> = (0..3)
-        .map(|_| InstrumentedStore::new(store.clone()))
-        .collect();
-    let spawn = |i: usize| {
-        tokio::spawn(member(
-            conns[i].clone(),
-            prefix.to_owned(),
-            format!("m{i}"),
-            ttl,
-            Arc::clone(&stop),
-        ))
-    };
-    let mut members: Vec<_> = (0..3).map(spawn).collect();
+/// What the producer does to the members mid-stream.
+trait Members {
+    /// Freezes member `i` (its lease runs out meanwhile).
+    async fn pause(&mut self, i: usize);
+    /// Lets frozen member `i` run on, with whatever view it held.
+    fn resume(&mut self, i: usize);
+    /// Ends member `i` at once, its lease left to expire.
+    async fn crash(&mut self, i: usize);
+    /// Starts a fresh member `i` under the same name.
+    fn restart(&mut self, i: usize);
+}
 
-    let log = PartitionLog::new(store.clone(), format!("{prefix}log/"), 8).unwrap();
-    let group = Ownership::new(store.clone(), format!("{prefix}members/")).unwrap();
-    let deadline = Instant::now() + ttl * 20;
-    let first_view = loop {
-        let view = group.view().await.unwrap();
-        if view.members().len() == 3 {
-            break view;
+/// How long the paused member stays frozen, in TTLs: well past its lease.
+const PAUSE_TTLS: u32 = 3;
+
+/// How long the zombie's effects take: its window between reading the log
+/// and writing.
+const ZOMBIE_PACE: Duration = Duration::from_millis(2);
+
+/// The entity of the `n`th command.
+fn entity(n: usize) -> Vec<u8> {
+    format!("account-{}", n % ENTITIES).into_bytes()
+}
+
+/// Which members the faults hit, by index among `m0`, `m1`, `m2`
+/// (ownership is a fixed hash of the names, so fixed indexes might own
+/// nothing): the one paused owns the most entities in `view`; the one that
+/// crashes owns the most once the paused one has left, so it is the one
+/// that took over the paused one's partitions.
+fn victims<S: Store + Clone + 'static>(view: &View, log: &PartitionLog<S>) -> Victims {
+    let most = |view: &View| {
+        let mut owned = [0usize; 3];
+        for n in 0..ENTITIES {
+            let partition = log.partition_name(log.partition_of(&entity(n)));
+            let owner = view.owner(&partition).expect("a member");
+            owned[owner.id[1..].parse::<usize>().expect("a member named m<i>")] += 1;
         }
-        assert!(Instant::now() < deadline, "the members never joined");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        (0..3)
+            .max_by_key(|&i| (owned[i], std::cmp::Reverse(i)))
+            .unwrap_or(0)
     };
-    let zombie = {
-        let (log, stop) = (log.clone(), Arc::clone(&stop));
-        let effects = format!("{prefix}effects/");
-        tokio::spawn(async move {
-            let mut applied = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let mut effect = effect(&effects, first_view.token().get());
-                // A pause between reading the log and writing: the window
-                // in which the partition's other owner moves on.
-                let handler = move |c: &calm::partition::Command| {
-                    std::thread::sleep(Duration::from_millis(2));
-                    effect(c)
-                };
-                if let Ok(a) = log.apply_owned(&first_view, "m2", handler).await {
-                    applied += a.commands;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            applied
-        })
-    };
+    let paused = most(view);
+    let rest: Vec<Member> = view
+        .members()
+        .iter()
+        .filter(|m| m.id != format!("m{paused}"))
+        .cloned()
+        .collect();
+    let crashed = most(&View::new(rest, Version::ZERO));
+    Victims { paused, crashed }
+}
+
+/// The members the faults hit.
+#[derive(Clone, Copy)]
+struct Victims {
+    paused: usize,
+    crashed: usize,
+}
+
+/// Appends [`PER_ENTITY`] commands for each of [`ENTITIES`] entities, one
+/// entity after another, while one member is paused for [`PAUSE_TTLS`]
+/// TTL (from the 60th command) and another crashes (at the 120th, at
+/// least 1.5 TTL into the pause) and comes back (at the 200th); returns
+/// each entity's commands' revisions.
+async fn produce<S: Store + Clone + 'static>(
+    log: &PartitionLog<S>,
+    ttl: Duration,
+    members: &mut impl Members,
+    victims: Victims,
+) -> HashMap<Vec<u8>, Vec<u64>> {
     let mut appended: HashMap<Vec<u8>, Vec<u64>> = HashMap::new();
+    let mut paused = Instant::now();
     for n in 0..ENTITIES * PER_ENTITY {
-        let entity = format!("account-{}", n % ENTITIES).into_bytes();
+        let entity = entity(n);
         let seq = (n / ENTITIES) as u64;
         let revision = log
             .append(&entity, format!("{seq:04}").as_bytes())
@@ -139,16 +175,20 @@ pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 's
             .unwrap();
         appended.entry(entity).or_default().push(revision.get());
         match n {
-            // m1 freezes mid-stream, past its lease.
-            60 => conns[1].pause(),
-            // m2 crashes: its loop and lease keeper vanish at once.
+            60 => {
+                members.pause(victims.paused).await;
+                paused = Instant::now();
+            }
             120 => {
-                members[2].abort();
-                let _ = (&mut members[2]).await;
+                // By now the paused member's lease is gone and the crashed
+                // one has taken over its partitions.
+                tokio::time::sleep_until((paused + ttl * 3 / 2).into()).await;
+                members.crash(victims.crashed).await;
             }
             200 => {
-                conns[1].resume();
-                members[2] = spawn(2);
+                tokio::time::sleep_until((paused + ttl * PAUSE_TTLS).into()).await;
+                members.resume(victims.paused);
+                members.restart(victims.crashed);
             }
             _ => {}
         }
@@ -159,16 +199,19 @@ pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 's
     for revisions in appended.values() {
         assert!(revisions.windows(2).all(|w| w[0] < w[1]));
     }
+    appended
+}
 
-    // Wait until every partition is drained.
-    let deadline = Instant::now() + ttl * 30;
+/// Waits until no partition has a command waiting.
+async fn drained<S: Store + Clone + 'static>(log: &PartitionLog<S>, within: Duration) {
+    let deadline = Instant::now() + within;
     loop {
         let mut waiting = 0;
         for p in 0..log.partitions() {
             waiting += log.pending(p).await.unwrap().len();
         }
         if waiting == 0 {
-            break;
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -176,14 +219,19 @@ pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 's
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    for m in members {
-        m.abort();
-    }
-    let zombie_applied = zombie.await.unwrap();
-    eprintln!("partition log: the zombie applied {zombie_applied} commands before it was fenced");
+}
 
-    // Every effect exactly once, in each entity's order.
+/// Every command of `appended` was applied exactly once, each entity's in
+/// the order they were appended; in each partition the applying tokens
+/// never went down in commit order (a stale owner's effect never landed
+/// after a newer owner's); each partition's recorded progress is its last
+/// command's revision.
+async fn applied_once_in_order<S: Store + Clone + 'static>(
+    store: &S,
+    prefix: &str,
+    log: &PartitionLog<S>,
+    appended: &HashMap<Vec<u8>, Vec<u64>>,
+) {
     let effects = store
         .range(format!("{prefix}effects/").as_bytes(), None)
         .await
@@ -225,9 +273,8 @@ pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 's
             "partition {partition}: a stale owner's token landed after a newer one's: {applied:?}"
         );
     }
-    // Each partition's recorded progress is its last command's revision.
     let mut last: BTreeMap<u32, u64> = BTreeMap::new();
-    for (entity, revisions) in &appended {
+    for (entity, revisions) in appended {
         let p = last.entry(log.partition_of(entity)).or_default();
         *p = (*p).max(*revisions.last().unwrap());
     }
@@ -238,6 +285,124 @@ pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 's
             expected,
             "partition {p}"
         );
+    }
+}
+
+/// Three member tasks of this process, each on its own instrumented
+/// connection: a pause holds its in-flight calls, then releases them.
+struct Tasks<S: Store + Clone + 'static> {
+    conns: Vec<InstrumentedStore<S>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    prefix: String,
+    ttl: Duration,
+    stop: Arc<AtomicBool>,
+}
+
+impl<S: Store + Clone + 'static> Tasks<S> {
+    fn spawn(&self, i: usize) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(member(
+            self.conns[i].clone(),
+            self.prefix.clone(),
+            format!("m{i}"),
+            self.ttl,
+            Arc::clone(&self.stop),
+            Duration::ZERO,
+            |_| {},
+        ))
+    }
+}
+
+impl<S: Store + Clone + 'static> Members for Tasks<S> {
+    async fn pause(&mut self, i: usize) {
+        self.conns[i].pause();
+    }
+
+    fn resume(&mut self, i: usize) {
+        self.conns[i].resume();
+    }
+
+    async fn crash(&mut self, i: usize) {
+        self.tasks[i].abort();
+        let _ = (&mut self.tasks[i]).await;
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.tasks[i] = self.spawn(i);
+    }
+}
+
+/// Three members apply a stream of commands for ten entities while one is
+/// paused past its lease (its in-flight calls held, then released with a
+/// stale view) and another crashes (its task aborted, its lease left to
+/// expire) and comes back, and a zombie keeps applying as the paused
+/// member with the first view (an owner that paused holding it: two
+/// members then believe they own the same partitions). Afterwards every command was
+/// applied exactly once, in each entity's order, and no stale owner's
+/// effect landed after a newer owner's ([`applied_once_in_order`]).
+pub(crate) async fn single_writer_under_pauses_and_crashes<S: Store + Clone + 'static>(
+    store: S,
+    prefix: &str,
+    ttl: Duration,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut members = Tasks {
+        conns: (0..3)
+            .map(|_| InstrumentedStore::new(store.clone()))
+            .collect(),
+        tasks: Vec::new(),
+        prefix: prefix.to_owned(),
+        ttl,
+        stop: Arc::clone(&stop),
+    };
+    members.tasks = (0..3).map(|i| members.spawn(i)).collect();
+
+    let log = PartitionLog::new(store.clone(), format!("{prefix}log/"), 8).unwrap();
+    let group = Ownership::new(store.clone(), format!("{prefix}members/")).unwrap();
+    let first_view = joined(&group, 3, ttl * 20).await;
+    let victims = victims(&first_view, &log);
+    let zombie = {
+        let (log, stop) = (log.clone(), Arc::clone(&stop));
+        let effects = format!("{prefix}effects/");
+        tokio::spawn(async move {
+            let mut applied = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // A pause between reading the log and writing: the window
+                // in which the partition's other owner moves on.
+                let handler = effect(&effects, first_view.token().get(), ZOMBIE_PACE, |_| {});
+                let name = format!("m{}", victims.paused);
+                if let Ok(a) = log.apply_owned(&first_view, &name, handler).await {
+                    applied += a.commands;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            applied
+        })
+    };
+    let appended = produce(&log, ttl, &mut members, victims).await;
+    drained(&log, ttl * 30).await;
+    stop.store(true, Ordering::Relaxed);
+    for m in &members.tasks {
+        m.abort();
+    }
+    let zombie_applied = zombie.await.unwrap();
+    eprintln!("partition log: the zombie applied {zombie_applied} commands before it was fenced");
+    applied_once_in_order(&store, prefix, &log, &appended).await;
+}
+
+/// The group's view once it has `members` members.
+async fn joined<S: Store + Clone + 'static>(
+    group: &Ownership<S>,
+    members: usize,
+    within: Duration,
+) -> calm::coord::View {
+    let deadline = Instant::now() + within;
+    loop {
+        let view = group.view().await.unwrap();
+        if view.members().len() == members {
+            return view;
+        }
+        assert!(Instant::now() < deadline, "the members never joined");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -421,4 +586,198 @@ async fn remembered_progress_gone_stale_is_read_again() {
         first.progress(0).await.unwrap(),
         second.progress(0).await.unwrap()
     );
+}
+
+/// The partition log's members as OS processes over a real server: the
+/// stream, the faults and the checks of
+/// [`single_writer_under_pauses_and_crashes`](super::single_writer_under_pauses_and_crashes),
+/// with one member frozen by SIGSTOP and another killed by SIGKILL.
+#[cfg(any(feature = "postgres", feature = "etcd"))]
+pub(crate) mod processes {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use calm::coord::Ownership;
+    use calm::partition::PartitionLog;
+    use calm::testing::servers::{Signal, send_signal};
+
+    use crate::backends::Backend;
+    use crate::server_faults::Kill;
+
+    /// The namespace (on PostgreSQL, the schema) of the members and the test.
+    const NAMESPACE: &str = "partitions_p";
+
+    /// How long a member process's effect takes: long enough for the
+    /// SIGSTOP sent when it says it began one to land inside it.
+    const PACE: Duration = Duration::from_millis(5);
+
+    /// Lines the members printed, each with its member's index.
+    type Lines = Arc<Mutex<Vec<(usize, String)>>>;
+
+    /// Member `i`: this test binary run again with `CALM_PARTITION_MEMBER`
+    /// set to `config|m<i>`, its lines collected.
+    fn spawn_member(config: &str, i: usize, lines: &Lines) -> Child {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "--nocapture",
+                "partition_log::processes::member_process",
+            ])
+            .env("CALM_PARTITION_MEMBER", format!("{config}|m{i}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let lines = Arc::clone(lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push((i, line));
+            }
+        });
+        child
+    }
+
+    /// Three member processes.
+    struct Processes {
+        children: Kill,
+        config: String,
+        lines: Lines,
+    }
+
+    impl super::Members for Processes {
+        /// Freezes member `i` in the middle of a command if it starts one
+        /// within a second (so it resumes holding a stale view), else at
+        /// once.
+        async fn pause(&mut self, i: usize) {
+            let seen = self.lines.lock().unwrap().len();
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline {
+                let started = self.lines.lock().unwrap()[seen..]
+                    .iter()
+                    .any(|(m, l)| *m == i && l.starts_with("APPLYING "));
+                if started {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            send_signal(self.children.0[i].id(), Signal::Stop).unwrap();
+        }
+
+        fn resume(&mut self, i: usize) {
+            send_signal(self.children.0[i].id(), Signal::Cont).unwrap();
+        }
+
+        async fn crash(&mut self, i: usize) {
+            // SIGKILL: no destructor runs, the lease is left to expire.
+            self.children.0[i].kill().unwrap();
+            self.children.0[i].wait().unwrap();
+        }
+
+        fn restart(&mut self, i: usize) {
+            self.children.0[i] = spawn_member(&self.config, i, &self.lines);
+        }
+    }
+
+    /// Three member processes apply the stream while one is frozen
+    /// (SIGSTOP) for three TTLs and another is killed (SIGKILL) and
+    /// started again: every command applied exactly once, in each
+    /// entity's order, and no stale owner's effect after a newer owner's.
+    pub(crate) async fn single_writer_across_processes<B: Backend>(server: &B, prefix: &str) {
+        let ttl = B::TTL;
+        // Created before the members race to create it.
+        let store = server.store(NAMESPACE).await;
+        let config = format!(
+            "{}|{}|{prefix}|{}",
+            B::NAME,
+            server.target(),
+            ttl.as_millis()
+        );
+        let lines = Lines::default();
+        let mut members = Processes {
+            children: Kill((0..3).map(|i| spawn_member(&config, i, &lines)).collect()),
+            config,
+            lines: Arc::clone(&lines),
+        };
+        let log = PartitionLog::new(store.clone(), format!("{prefix}log/"), 8).unwrap();
+        let group = Ownership::new(store.clone(), format!("{prefix}members/")).unwrap();
+        let view = super::joined(&group, 3, Duration::from_secs(60)).await;
+        let victims = super::victims(&view, &log);
+        let appended = super::produce(&log, ttl, &mut members, victims).await;
+        super::drained(&log, ttl * 30).await;
+        drop(members);
+        let lines = lines.lock().unwrap().clone();
+        for i in 0..3 {
+            let said = |word: &str| {
+                lines
+                    .iter()
+                    .filter(|(m, l)| *m == i && l.starts_with(word))
+                    .count()
+            };
+            let applied: usize = lines
+                .iter()
+                .filter(|(m, l)| *m == i && l.starts_with("APPLIED "))
+                .filter_map(|(_, l)| l.split_whitespace().nth(1)?.parse::<usize>().ok())
+                .sum();
+            let fault = if i == victims.paused {
+                ", frozen"
+            } else if i == victims.crashed {
+                ", killed"
+            } else {
+                ""
+            };
+            eprintln!(
+                "{} member m{i}{fault}: applied {applied} commands in {} passes, fenced in {} passes",
+                B::NAME,
+                said("APPLIED "),
+                said("FENCED ")
+            );
+        }
+        super::applied_once_in_order(&store, prefix, &log, &appended).await;
+        // Frozen in the middle of a command, it resumed with a stale view:
+        // the partition's newer owner had raised the fence meanwhile.
+        assert!(
+            lines
+                .iter()
+                .any(|(m, l)| *m == victims.paused && l.starts_with("FENCED ")),
+            "the frozen member was never refused a stale write"
+        );
+    }
+
+    /// The entry point of the member processes: does nothing unless
+    /// `CALM_PARTITION_MEMBER` is set (`backend|target|prefix|ttl_ms|name`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "entry point of the partition log's member processes"]
+    async fn member_process() {
+        let Ok(config) = std::env::var("CALM_PARTITION_MEMBER") else {
+            return;
+        };
+        let parts: Vec<&str> = config.splitn(5, '|').collect();
+        let [backend, target, prefix, ttl_ms, name] = parts[..] else {
+            panic!("bad CALM_PARTITION_MEMBER {config}");
+        };
+        let ttl = Duration::from_millis(ttl_ms.parse().unwrap());
+        let (prefix, name) = (prefix.to_owned(), name.to_owned());
+        let stop = Arc::new(AtomicBool::new(false));
+        let say: fn(String) = |line| println!("{line}");
+        match backend {
+            #[cfg(feature = "postgres")]
+            "postgres" => {
+                use calm::testing::servers::PostgresServer;
+                let store = <PostgresServer as Backend>::store_at(target, NAMESPACE).await;
+                super::member(store, prefix, name, ttl, stop, PACE, say).await;
+            }
+            #[cfg(feature = "etcd")]
+            "etcd" => {
+                use calm::testing::servers::EtcdServer;
+                let store = <EtcdServer as Backend>::store_at(target, NAMESPACE).await;
+                super::member(store, prefix, name, ttl, stop, PACE, say).await;
+            }
+            other => panic!("unknown backend {other}"),
+        }
+    }
 }
