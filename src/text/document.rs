@@ -445,7 +445,7 @@ impl Text {
                 self.history.pieces(&mut 0, run.lv, run.len(), |e, lv, k| {
                     let entry = &self.history.inserts[e];
                     let id = self.history.agents[entry.agent as usize].id;
-                    let c = entry.counter + u64::from(lv - entry.lv);
+                    let c = entry.counter + u64::from(lv - self.history.lvs[e]);
                     match out.last_mut() {
                         Some(last)
                             if last.0 == id
@@ -472,10 +472,10 @@ impl Text {
         self.tree.assert_invariants();
         let h = &self.history;
         assert!(
-            h.inserts.windows(2).all(|w| w[0].lv < w[1].lv),
+            h.lvs.len() == h.inserts.len() && h.lvs.windows(2).all(|w| w[0] < w[1]),
             "insert log order"
         );
-        assert_eq!(h.inserts.first().map_or(0, |e| e.lv), 0, "insert log start");
+        assert_eq!(h.lvs.first().copied().unwrap_or(0), 0, "insert log start");
         let items: u64 = self
             .tree
             .leaves()

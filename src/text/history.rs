@@ -11,7 +11,10 @@
 //! once; an entry stands for a burst of typing: characters with consecutive
 //! counters from one replica, where each one's left origin is the one before
 //! and all share the first one's right origin. An entry's length is implicit
-//! (up to the next entry's `lv`), which keeps entries at 24 bytes.
+//! (up to the next entry's `lv`), which keeps an entry at 24 bytes: 20 for
+//! its replica, counter and origins, and its first `lv` in a column of its
+//! own, so that finding the entry of a local version searches 4-byte
+//! values, a few cache lines, instead of whole entries.
 //!
 //! ```text
 //!   insert log                       ids            origins of the first item
@@ -31,13 +34,14 @@ use std::ops::Range;
 use super::{NONE, reserve_lean};
 use crate::causal::ReplicaId;
 
-/// One burst of inserted characters (see the module docs).
+/// One burst of inserted characters (see the module docs); its first
+/// local version is in [`History::lvs`]. Packed to 4-byte alignment (20
+/// bytes, not 24): read its fields by value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed(4))]
 pub(crate) struct InsertEntry {
     /// Counter of the first character; the others follow one by one.
     pub(crate) counter: u64,
-    /// Local version of the first character.
-    pub(crate) lv: u32,
     /// Index of the inserting replica in [`History::agents`].
     pub(crate) agent: u32,
     /// Left origin of the first character, or [`NONE`](super::NONE) (document start).
@@ -45,6 +49,8 @@ pub(crate) struct InsertEntry {
     /// Right origin of every character, or [`NONE`](super::NONE) (document end).
     pub(crate) origin_right: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<InsertEntry>() == 20);
 
 /// The top bit of [`DeleteEntry::packed`]: targets were deleted from the
 /// highest local version down.
@@ -176,6 +182,9 @@ pub(crate) struct History {
     /// entry holding it: [`History::entry_of`] searches only the entries
     /// between two neighbouring slots. Append-only, like the entries.
     slots: Vec<u32>,
+    /// The first local version of each insert entry, beside `inserts`:
+    /// [`History::entry_of`] searches these alone, four bytes apart.
+    pub(crate) lvs: Vec<u32>,
     /// Number of characters ever inserted: the next local version.
     pub(crate) items: u32,
     /// Jumps of `2^level` links along chains (see
@@ -256,15 +265,15 @@ impl History {
 
     /// Number of characters in insert entry `i`.
     pub(crate) fn entry_len(&self, i: usize) -> u32 {
-        let end = self.inserts.get(i + 1).map_or(self.items, |e| e.lv);
-        end - self.inserts[i].lv
+        let end = self.lvs.get(i + 1).copied().unwrap_or(self.items);
+        end - self.lvs[i]
     }
 
     /// Index of the insert entry holding local version `lv` (`< items`).
     pub(crate) fn entry_of(&self, lv: u32) -> usize {
         // Local typing asks about the newest entry most of the time.
         let last = self.inserts.len() - 1;
-        if self.inserts[last].lv <= lv {
+        if self.lvs[last] <= lv {
             return last;
         }
         let k = (lv >> SLOT) as usize;
@@ -273,7 +282,7 @@ impl History {
         if b - a > 64 {
             return self.entry_among_many(lv, k, a, b);
         }
-        a + self.inserts[a..=b].partition_point(|e| e.lv <= lv) - 1
+        a + self.lvs[a..=b].partition_point(|&x| x <= lv) - 1
     }
 
     /// [`History::entry_of`] where slot `k` holds many short entries
@@ -287,9 +296,9 @@ impl History {
         let into = u64::from(lv - ((k as u32) << SLOT));
         let guess = a + ((into * (b - a) as u64) >> SLOT) as usize;
         let mut step = 1;
-        if self.inserts[guess].lv <= lv {
+        if self.lvs[guess] <= lv {
             a = guess;
-            while a + step <= b && self.inserts[a + step].lv <= lv {
+            while a + step <= b && self.lvs[a + step] <= lv {
                 a += step;
                 step *= 2;
             }
@@ -298,7 +307,7 @@ impl History {
             b = guess - 1;
             loop {
                 let probe = b.saturating_sub(step - 1).max(a);
-                if self.inserts[probe].lv <= lv {
+                if self.lvs[probe] <= lv {
                     a = probe;
                     break;
                 }
@@ -306,15 +315,16 @@ impl History {
                 step *= 2;
             }
         }
-        a + self.inserts[a..=b].partition_point(|e| e.lv <= lv) - 1
+        a + self.lvs[a..=b].partition_point(|&x| x <= lv) - 1
     }
 
     /// The replica and counter of the character with local version `lv`.
     pub(crate) fn id_of(&self, lv: u32) -> (ReplicaId, u64) {
-        let e = &self.inserts[self.entry_of(lv)];
+        let i = self.entry_of(lv);
+        let e = self.inserts[i];
         (
             self.agents[e.agent as usize].id,
-            e.counter + u64::from(lv - e.lv),
+            e.counter + u64::from(lv - self.lvs[i]),
         )
     }
 
@@ -330,7 +340,7 @@ impl History {
     /// a concurrent sibling's descendants that way.
     pub(crate) fn depth(&mut self, lv: u32) -> u32 {
         let e = self.entry_of(lv);
-        self.entry_depth(e).saturating_add(lv - self.inserts[e].lv)
+        self.entry_depth(e).saturating_add(lv - self.lvs[e])
     }
 
     /// The depth of insert entry `e`'s first character; its others follow
@@ -339,16 +349,16 @@ impl History {
     /// origin is an earlier character, so one pass in order computes them.
     fn entry_depth(&mut self, e: usize) -> u32 {
         while self.depths.len() <= e {
-            let entry = &self.inserts[self.depths.len()];
-            let left = entry.origin_left;
+            let i = self.depths.len();
+            let left = self.inserts[i].origin_left;
             // A left origin at or after its entry only comes from crafted
             // bytes; any depth keeps integration moving forward.
-            let d = if left == NONE || left >= entry.lv {
+            let d = if left == NONE || left >= self.lvs[i] {
                 1
             } else {
                 let o = self.entry_of(left);
                 self.depths[o]
-                    .saturating_add(left - self.inserts[o].lv)
+                    .saturating_add(left - self.lvs[o])
                     .saturating_add(1)
             };
             self.depths.push(d);
@@ -364,7 +374,7 @@ impl History {
         let mut at = lv;
         let mut e = self.entry_of(lv);
         while at < end {
-            let start = self.inserts[e].lv;
+            let start = self.lvs[e];
             if self.entry_depth(e).saturating_add(at - start) <= d {
                 return Some(at - lv);
             }
@@ -382,9 +392,13 @@ impl History {
     /// The left and right origins of the character `lv` of insert entry
     /// `e`.
     pub(crate) fn origins_in(&self, e: usize, lv: u32) -> (u32, u32) {
-        let e = &self.inserts[e];
-        let left = if lv == e.lv { e.origin_left } else { lv - 1 };
-        (left, e.origin_right)
+        let entry = self.inserts[e];
+        let left = if lv == self.lvs[e] {
+            entry.origin_left
+        } else {
+            lv - 1
+        };
+        (left, entry.origin_right)
     }
 
     /// The next character of `lv`'s chain: its right origin, if that has
@@ -407,7 +421,7 @@ impl History {
         let mut walked = Vec::new();
         let mut at = lv;
         let end = loop {
-            let first = self.inserts[self.entry_of(at)].lv == at;
+            let first = self.lvs[self.entry_of(at)] == at;
             if first {
                 if let Some(&end) = self.chain_ends.get(&at) {
                     break end;
@@ -481,10 +495,9 @@ impl History {
         let i = entries.partition_point(lo..hi, |e| self.inserts[e].counter <= counter);
         if i > 0 {
             let e = entries.at(i - 1);
-            let entry = &self.inserts[e];
-            let offset = counter - entry.counter;
+            let offset = counter - self.inserts[e].counter;
             if offset < u64::from(self.entry_len(e)) {
-                return Lookup::Insert(entry.lv + offset as u32);
+                return Lookup::Insert(self.lvs[e] + offset as u32);
             }
         }
         Lookup::Delete
@@ -504,7 +517,7 @@ impl History {
     ) -> u32 {
         let lv = self.items;
         let extends = self.inserts.last().is_some_and(|last| {
-            let last_len = u64::from(lv - last.lv);
+            let last_len = u64::from(lv - self.lvs[self.lvs.len() - 1]);
             last.agent == agent
                 && last.counter + last_len == counter
                 && origin_left == lv - 1
@@ -517,9 +530,10 @@ impl History {
                     .push(self.inserts.len() as u32);
             }
             reserve_lean(&mut self.inserts, 1, 16);
+            reserve_lean(&mut self.lvs, 1, 16);
+            self.lvs.push(lv);
             self.inserts.push(InsertEntry {
                 counter,
-                lv,
                 agent,
                 origin_left,
                 origin_right,
@@ -586,12 +600,12 @@ impl History {
     ) {
         let end = lv + n;
         let hinted = self
-            .inserts
+            .lvs
             .get(*hint)
-            .is_some_and(|e| e.lv <= lv && lv < e.lv + self.entry_len(*hint));
+            .is_some_and(|&first| first <= lv && lv < first + self.entry_len(*hint));
         let mut i = if hinted { *hint } else { self.entry_of(lv) };
         while lv < end {
-            let entry_end = self.inserts[i].lv + self.entry_len(i);
+            let entry_end = self.lvs[i] + self.entry_len(i);
             let take = entry_end.min(end) - lv;
             visit(i, lv, take);
             *hint = i;
@@ -627,7 +641,7 @@ mod tests {
         }
         let mut e = 0;
         for lv in 0..h.items {
-            while e + 1 < h.inserts.len() && h.inserts[e + 1].lv <= lv {
+            while e + 1 < h.lvs.len() && h.lvs[e + 1] <= lv {
                 e += 1;
             }
             assert_eq!(h.entry_of(lv), e, "lv {lv}");

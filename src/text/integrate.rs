@@ -172,7 +172,7 @@ impl Text {
     fn insert_op(&self, table: Option<&[u32]>, e: usize, skip: u32) -> TextOp {
         let h = &self.history;
         let entry = h.inserts[e];
-        let lv = entry.lv + skip;
+        let lv = h.lvs[e] + skip;
         let len = h.entry_len(e) - skip;
         let left = if skip > 0 { lv - 1 } else { entry.origin_left };
         let mut ins = Insertion {
@@ -263,7 +263,7 @@ impl Text {
                             Lookup::Unknown => return Ok(false),
                         };
                         let e = self.history.entry_of(lv);
-                        let entry_end = self.history.inserts[e].lv + self.history.entry_len(e);
+                        let entry_end = self.history.lvs[e] + self.history.entry_len(e);
                         let take = (u64::from(entry_end - lv)).min(end - c) as u32;
                         pieces.push((lv, take, t.reversed));
                         c += u64::from(take);
@@ -499,7 +499,7 @@ impl Text {
             // The rest of this run, up to the end of `other`'s insert entry,
             // are `other`'s descendants typed after it: skip them at once,
             // stopping just before `right` if it is among them.
-            let entry_end = self.history.inserts[e].lv + self.history.entry_len(e);
+            let entry_end = self.history.lvs[e] + self.history.entry_len(e);
             let mut step = (run.len() - p.offset).min(entry_end - other);
             if right != NONE && right > other && right - other < step {
                 step = right - other;

@@ -614,7 +614,7 @@ pub(crate) fn push_targets(
         let entry = &history.inserts[e];
         let start = Dot::new(
             history.agents[entry.agent as usize].id,
-            entry.counter + u64::from(lv - entry.lv),
+            entry.counter + u64::from(lv - history.lvs[e]),
         );
         let t = Target {
             start,

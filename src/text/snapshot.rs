@@ -122,8 +122,7 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
             .varint(u64::from(r.len()) << 1 | u64::from(r.deleted()));
     }
     let layout = Layout::new(&runs, h.items);
-    let firsts: Vec<u32> = h.inserts.iter().map(|e| e.lv).collect();
-    let guesses = layout.guesses(&firsts);
+    let guesses = layout.guesses(&h.lvs);
     let mut next = vec![1u64; kept.len()];
     let mut stretches = Stretches::default();
     for (i, e) in h.inserts.iter().enumerate() {
@@ -145,10 +144,10 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         let right = u64::from(e.origin_right != before);
         c.lens.varint(u64::from(len) << 3 | (left + 3 * right));
         if left == 2 {
-            write_origin(&mut c.origins, e.lv, e.origin_left);
+            write_origin(&mut c.origins, h.lvs[i], e.origin_left);
         }
         if right == 1 {
-            write_origin(&mut c.origins, e.lv, e.origin_right);
+            write_origin(&mut c.origins, h.lvs[i], e.origin_right);
         }
     }
     stretches.end(&mut c);
@@ -247,7 +246,7 @@ impl Typed {
             }
             let len = h.entry_len(e);
             self.at += u64::from(len);
-            self.end = entry.lv + len;
+            self.end = h.lvs[e] + len;
             self.next += 1;
         }
         self.at
@@ -478,7 +477,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // order: walk them together, searching only for the origins.
     let mut k = 0;
     for (e, entry) in h.inserts.iter().enumerate() {
-        let first = entry.lv;
+        let first = h.lvs[e];
         let last = first + h.entry_len(e) - 1;
         while layout.run(k).end() <= first {
             k += 1;
@@ -509,10 +508,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     let mut e = 0;
     for k in 1..runs.len() {
         let x = layout.run(k).lv;
-        while h.inserts.get(e + 1).is_some_and(|n| n.lv <= x) {
+        while h.lvs.get(e + 1).is_some_and(|&n| n <= x) {
             e += 1;
         }
-        if h.inserts[e].lv != x && layout.doc(k - 1) >= layout.doc(k) {
+        if h.lvs[e] != x && layout.doc(k - 1) >= layout.doc(k) {
             return Err(invalid("a character outside its origins"));
         }
     }
