@@ -96,8 +96,9 @@ fn effect(
 
 /// What the producer does to the members mid-stream.
 trait Members {
-    /// Freezes member `i` (its lease runs out meanwhile).
-    async fn pause(&mut self, i: usize);
+    /// Freezes member `i` (its lease runs out meanwhile) if now is a good
+    /// moment, or in any case if `now`; says whether it did.
+    async fn pause(&mut self, i: usize, now: bool) -> bool;
     /// Lets frozen member `i` run on, with whatever view it held.
     fn resume(&mut self, i: usize);
     /// Ends member `i` at once, its lease left to expire.
@@ -155,9 +156,10 @@ struct Victims {
 
 /// Appends [`PER_ENTITY`] commands for each of [`ENTITIES`] entities, one
 /// entity after another, while one member is paused for [`PAUSE_TTLS`]
-/// TTL (from the 60th command) and another crashes (at the 120th, at
-/// least 1.5 TTL into the pause) and comes back (at the 200th); returns
-/// each entity's commands' revisions.
+/// TTL (from the 60th command, or as soon after as it is a good moment)
+/// and another crashes (at the 120th, at least 1.5 TTL into the pause)
+/// and comes back (at the 200th); returns each entity's commands'
+/// revisions.
 async fn produce<S: Store + Clone + 'static>(
     log: &PartitionLog<S>,
     ttl: Duration,
@@ -165,7 +167,7 @@ async fn produce<S: Store + Clone + 'static>(
     victims: Victims,
 ) -> HashMap<Vec<u8>, Vec<u64>> {
     let mut appended: HashMap<Vec<u8>, Vec<u64>> = HashMap::new();
-    let mut paused = Instant::now();
+    let mut paused = None;
     for n in 0..ENTITIES * PER_ENTITY {
         let entity = entity(n);
         let seq = (n / ENTITIES) as u64;
@@ -174,19 +176,22 @@ async fn produce<S: Store + Clone + 'static>(
             .await
             .unwrap();
         appended.entry(entity).or_default().push(revision.get());
+        if (60..120).contains(&n)
+            && paused.is_none()
+            && members.pause(victims.paused, n == 119).await
+        {
+            paused = Some(Instant::now());
+        }
+        let paused_at = paused.unwrap_or_else(Instant::now);
         match n {
-            60 => {
-                members.pause(victims.paused).await;
-                paused = Instant::now();
-            }
             120 => {
                 // By now the paused member's lease is gone and the crashed
                 // one has taken over its partitions.
-                tokio::time::sleep_until((paused + ttl * 3 / 2).into()).await;
+                tokio::time::sleep_until((paused_at + ttl * 3 / 2).into()).await;
                 members.crash(victims.crashed).await;
             }
             200 => {
-                tokio::time::sleep_until((paused + ttl * PAUSE_TTLS).into()).await;
+                tokio::time::sleep_until((paused_at + ttl * PAUSE_TTLS).into()).await;
                 members.resume(victims.paused);
                 members.restart(victims.crashed);
             }
@@ -313,8 +318,9 @@ impl<S: Store + Clone + 'static> Tasks<S> {
 }
 
 impl<S: Store + Clone + 'static> Members for Tasks<S> {
-    async fn pause(&mut self, i: usize) {
+    async fn pause(&mut self, i: usize, _now: bool) -> bool {
         self.conns[i].pause();
+        true
     }
 
     fn resume(&mut self, i: usize) {
@@ -650,22 +656,24 @@ pub(crate) mod processes {
     }
 
     impl super::Members for Processes {
-        /// Freezes member `i` in the middle of a command if it starts one
-        /// within a second (so it resumes holding a stale view), else at
-        /// once.
-        async fn pause(&mut self, i: usize) {
+        /// Freezes member `i` in the middle of a command (so that it
+        /// resumes holding a stale view): if it begins one within 50 ms
+        /// (else the producer appends more and asks again), or at once if
+        /// `now`.
+        async fn pause(&mut self, i: usize, now: bool) -> bool {
             let seen = self.lines.lock().unwrap().len();
-            let deadline = Instant::now() + Duration::from_secs(1);
-            while Instant::now() < deadline {
-                let started = self.lines.lock().unwrap()[seen..]
+            let deadline = Instant::now() + Duration::from_millis(50);
+            let mut started = now;
+            while !started && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                started = self.lines.lock().unwrap()[seen..]
                     .iter()
                     .any(|(m, l)| *m == i && l.starts_with("APPLYING "));
-                if started {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            send_signal(self.children.0[i].id(), Signal::Stop).unwrap();
+            if started {
+                send_signal(self.children.0[i].id(), Signal::Stop).unwrap();
+            }
+            started
         }
 
         fn resume(&mut self, i: usize) {
