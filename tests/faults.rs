@@ -109,16 +109,17 @@ pub(crate) async fn recipes<S: Store + Clone + 'static>(store: S, prefix: &str, 
     }
 }
 
-/// Which backend a child leader process should use.
-fn child_config() -> Option<(String, String, String, u64)> {
-    let raw = std::env::var("CALM_CHILD_LEADER").ok()?;
-    let mut parts = raw.splitn(4, '|');
-    Some((
-        parts.next()?.to_owned(),
-        parts.next()?.to_owned(),
-        parts.next()?.to_owned(),
-        parts.next()?.parse().ok()?,
-    ))
+/// What a fault test's child process (this test binary run again) was
+/// told: the `N` fields, separated by `|`, of the environment variable
+/// `var`, or `None` when it is not set (a normal run: its entry point does
+/// nothing). The last field takes the rest.
+pub(crate) fn child_config<const N: usize>(var: &str) -> Option<[String; N]> {
+    let config = std::env::var(var).ok()?;
+    let fields: Vec<String> = config.splitn(N, '|').map(str::to_owned).collect();
+    match fields.try_into() {
+        Ok(fields) => Some(fields),
+        Err(_) => panic!("bad {var} {config}"),
+    }
 }
 
 /// Runs the leader loop of the SIGSTOP test inside a child process: wins
@@ -159,10 +160,10 @@ pub(crate) async fn child_leader_loop<S: Store + Clone + 'static>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "entry point of the fault tests' child process"]
 async fn child_leader() {
-    let Some((backend, target, prefix, ttl_ms)) = child_config() else {
+    let Some([backend, target, prefix, ttl_ms]) = child_config("CALM_CHILD_LEADER") else {
         return;
     };
-    let ttl = Duration::from_millis(ttl_ms);
+    let ttl = Duration::from_millis(ttl_ms.parse().unwrap());
     match backend.as_str() {
         #[cfg(feature = "postgres")]
         "postgres" => {

@@ -611,6 +611,7 @@ pub(crate) mod processes {
     use calm::testing::servers::{Signal, send_signal};
 
     use crate::backends::Backend;
+    use crate::faults::child_config;
     use crate::server_faults::Kill;
 
     /// The namespace (on PostgreSQL, the schema) of the members and the test.
@@ -761,28 +762,24 @@ pub(crate) mod processes {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore = "entry point of the partition log's member processes"]
     async fn member_process() {
-        let Ok(config) = std::env::var("CALM_PARTITION_MEMBER") else {
+        let Some([backend, target, prefix, ttl_ms, name]) = child_config("CALM_PARTITION_MEMBER")
+        else {
             return;
         };
-        let parts: Vec<&str> = config.splitn(5, '|').collect();
-        let [backend, target, prefix, ttl_ms, name] = parts[..] else {
-            panic!("bad CALM_PARTITION_MEMBER {config}");
-        };
         let ttl = Duration::from_millis(ttl_ms.parse().unwrap());
-        let (prefix, name) = (prefix.to_owned(), name.to_owned());
         let stop = Arc::new(AtomicBool::new(false));
         let say: fn(String) = |line| println!("{line}");
-        match backend {
+        match backend.as_str() {
             #[cfg(feature = "postgres")]
             "postgres" => {
                 use calm::testing::servers::PostgresServer;
-                let store = <PostgresServer as Backend>::store_at(target, NAMESPACE).await;
+                let store = <PostgresServer as Backend>::store_at(&target, NAMESPACE).await;
                 super::member(store, prefix, name, ttl, stop, PACE, say).await;
             }
             #[cfg(feature = "etcd")]
             "etcd" => {
                 use calm::testing::servers::EtcdServer;
-                let store = <EtcdServer as Backend>::store_at(target, NAMESPACE).await;
+                let store = <EtcdServer as Backend>::store_at(&target, NAMESPACE).await;
                 super::member(store, prefix, name, ttl, stop, PACE, say).await;
             }
             other => panic!("unknown backend {other}"),

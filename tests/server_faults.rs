@@ -454,28 +454,25 @@ pub(crate) fn fault_rounds() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "entry point of the fault tests' candidate processes"]
 async fn candidate() {
-    let Ok(config) = std::env::var("CALM_CANDIDATE") else {
+    let Some([backend, target, prefix, ttl_ms]) = crate::faults::child_config("CALM_CANDIDATE")
+    else {
         return;
     };
-    let parts: Vec<&str> = config.splitn(4, '|').collect();
-    let [backend, target, prefix, ttl_ms] = parts[..] else {
-        panic!("bad CALM_CANDIDATE {config}");
-    };
     let ttl = Duration::from_millis(ttl_ms.parse().unwrap());
-    match backend {
+    match backend.as_str() {
         #[cfg(feature = "postgres")]
         "postgres" => {
             use calm::testing::servers::PostgresServer;
             let store =
-                <PostgresServer as crate::backends::Backend>::store_at(target, "election").await;
-            candidate_loop(store, prefix, ttl).await;
+                <PostgresServer as crate::backends::Backend>::store_at(&target, "election").await;
+            candidate_loop(store, &prefix, ttl).await;
         }
         #[cfg(feature = "etcd")]
         "etcd" => {
             use calm::testing::servers::EtcdServer;
             let store =
-                <EtcdServer as crate::backends::Backend>::store_at(target, "election").await;
-            candidate_loop(store, prefix, ttl).await;
+                <EtcdServer as crate::backends::Backend>::store_at(&target, "election").await;
+            candidate_loop(store, &prefix, ttl).await;
         }
         other => panic!("unknown backend {other}"),
     }
