@@ -5,7 +5,7 @@
 use calm::causal::{ReplicaId, VersionVector};
 use calm::codec::{self, DecodeError, Encoder};
 use calm::testing::Config;
-use calm::text::{Applied, Text, TextError, TextOp};
+use calm::text::{Applied, MAX_COUNTER, Text, TextError, TextOp};
 use calm::{DeltaMerge, Merge};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -855,7 +855,8 @@ fn huge_hidden_runs_are_refused() {
 }
 
 /// Counters at the edge of `u64` (from a hostile peer's version vector or
-/// op) are handled without overflow.
+/// op) are handled without overflow: an op past [`MAX_COUNTER`] is refused
+/// as invalid, and one that ends there waits for the events before it.
 #[test]
 fn extreme_counters_do_not_overflow() {
     let mut a = Text::new(r(1));
@@ -863,17 +864,27 @@ fn extreme_counters_do_not_overflow() {
     let huge: VersionVector = [(r(1), u64::MAX)].into_iter().collect();
     assert!(a.ops_since(&huge).is_empty());
     assert!(a.delta(&huge).to_string().is_empty());
-    let mut enc = Encoder::new();
-    enc.byte(codec::FORMAT_VERSION);
-    enc.byte(<TextOp as codec::Tagged>::TAG);
-    enc.varint(9); // replica
-    enc.varint(u64::MAX - 2); // counter
-    enc.byte(0); // insert, no origins
-    enc.byte(0);
-    enc.byte(0);
-    enc.bytes(b"xy");
-    enc.length(0);
-    let op: TextOp = codec::from_bytes(&enc.into_bytes()).expect("well formed");
+    let op_bytes = |counter: u64| {
+        let mut enc = Encoder::new();
+        enc.byte(codec::FORMAT_VERSION);
+        enc.byte(<TextOp as codec::Tagged>::TAG);
+        enc.varint(9); // replica
+        enc.varint(counter);
+        enc.byte(0); // insert, no origins
+        enc.byte(0);
+        enc.byte(0);
+        enc.bytes(b"xy");
+        enc.length(0);
+        enc.into_bytes()
+    };
+    for past in [MAX_COUNTER, u64::MAX - 2] {
+        let refused = codec::from_bytes::<TextOp>(&op_bytes(past));
+        assert!(
+            matches!(refused, Err(DecodeError::Invalid { .. })),
+            "{refused:?}"
+        );
+    }
+    let op: TextOp = codec::from_bytes(&op_bytes(MAX_COUNTER - 1)).expect("well formed");
     assert_eq!(a.apply(&op), Ok(Applied::Buffered));
     assert_eq!(a.to_string(), "abc");
     let back: Text = codec::from_bytes(&codec::to_bytes(&a)).expect("decodes");

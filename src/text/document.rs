@@ -9,7 +9,7 @@ use super::leaf::{Run, char_len};
 use super::op::{Content, Insertion, OpKind, Targets, TextOp, push_targets};
 use super::pending::Pending;
 use super::tree::{Metrics, Tree};
-use super::{MAX_CHARS, NONE};
+use super::{MAX_CHARS, MAX_COUNTER, NONE};
 use crate::causal::{Dot, ReplicaId};
 
 /// A collaborative plain-text document: a sequence CRDT of characters.
@@ -203,8 +203,8 @@ impl Text {
         if pos > len {
             return Err(TextError::PositionOutOfBounds { pos, len });
         }
-        let counter = self.next_counter()?;
         let n = char_len(text);
+        let counter = self.next_counter(n)?;
         if u64::from(self.history.items) + n as u64 > MAX_CHARS {
             return Err(TextError::TooLarge { max: MAX_CHARS });
         }
@@ -269,7 +269,7 @@ impl Text {
                 len,
             });
         }
-        let counter = self.next_counter()?;
+        let counter = self.next_counter(range.len())?;
         let mut targets = Targets::default();
         if !range.is_empty() {
             let agent = self.local_agent();
@@ -288,15 +288,17 @@ impl Text {
         })
     }
 
-    /// The counter of this replica's next event.
-    fn next_counter(&self) -> Result<u64, TextError> {
+    /// The counter of this replica's next event, if `n` more events stay
+    /// within [`MAX_COUNTER`].
+    fn next_counter(&self, n: usize) -> Result<u64, TextError> {
         let known = match self.history.agents.get(self.local as usize) {
             Some(a) if a.id == self.replica => a.known,
             _ => self.history.known(self.replica),
         };
-        known
-            .checked_add(1)
-            .ok_or(TextError::TooLarge { max: MAX_CHARS })
+        if known.saturating_add(n as u64) > MAX_COUNTER {
+            return Err(TextError::CountersExhausted { max: MAX_COUNTER });
+        }
+        Ok(known + 1)
     }
 
     /// This replica's agent index, adding it to the history if new.
@@ -445,7 +447,7 @@ impl Text {
                 self.history.pieces(&mut 0, run.lv, run.len(), |e, lv, k| {
                     let entry = &self.history.inserts[e];
                     let id = self.history.agents[entry.agent as usize].id;
-                    let c = entry.counter + u64::from(lv - self.history.lvs[e]);
+                    let c = entry.counter() + u64::from(lv - self.history.lvs[e]);
                     match out.last_mut() {
                         Some(last)
                             if last.0 == id
@@ -488,14 +490,14 @@ impl Text {
                 .entries_of(a)
                 .iter()
                 .map(|e| {
-                    let c = h.inserts[e].counter;
+                    let c = h.inserts[e].counter();
                     (c, c + u64::from(h.entry_len(e)))
                 })
                 .chain(
                     agent
                         .deletes
                         .iter()
-                        .map(|d| (d.counter, d.counter + u64::from(d.len()))),
+                        .map(|d| (d.counter(), d.counter() + u64::from(d.len()))),
                 )
                 .collect();
             events.sort_unstable();

@@ -43,6 +43,15 @@ pub enum TextError {
         /// The limit.
         max: u64,
     },
+    /// This replica's edit would take it past
+    /// [`MAX_COUNTER`](super::MAX_COUNTER) events in this text, which its
+    /// own edits never do: ops from a peer that used its replica id got it
+    /// there. Edit under a new replica id. The text is unchanged.
+    #[error("this replica has used the {max} event counters a text allows")]
+    CountersExhausted {
+        /// The limit.
+        max: u64,
+    },
     /// An op breaks the rules every op obeys (wrong lengths, an origin or
     /// target that is not an earlier insertion, ...): it came from a buggy
     /// or hostile peer. Drop it.

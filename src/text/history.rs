@@ -11,8 +11,9 @@
 //! once; an entry stands for a burst of typing: characters with consecutive
 //! counters from one replica, where each one's left origin is the one before
 //! and all share the first one's right origin. An entry's length is implicit
-//! (up to the next entry's `lv`), which keeps an entry at 24 bytes: 20 for
-//! its replica, counter and origins, and its first `lv` in a column of its
+//! (up to the next entry's `lv`), which keeps an entry at 20 bytes: 16 for
+//! its replica, counter (32 bits: no replica gets past [`MAX_COUNTER`]
+//! events in one text) and origins, and its first `lv` in a column of its
 //! own, so that finding the entry of a local version searches 4-byte
 //! values, a few cache lines, instead of whole entries.
 //!
@@ -31,17 +32,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-use super::{NONE, reserve_lean};
+use super::{MAX_COUNTER, NONE, reserve_lean};
 use crate::causal::ReplicaId;
 
 /// One burst of inserted characters (see the module docs); its first
-/// local version is in [`History::lvs`]. Packed to 4-byte alignment (20
-/// bytes, not 24): read its fields by value.
+/// local version is in [`History::lvs`]. 16 bytes: counters are kept in
+/// 32 bits (see [`MAX_COUNTER`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(C, packed(4))]
 pub(crate) struct InsertEntry {
     /// Counter of the first character; the others follow one by one.
-    pub(crate) counter: u64,
+    counter: u32,
     /// Index of the inserting replica in [`History::agents`].
     pub(crate) agent: u32,
     /// Left origin of the first character, or [`NONE`](super::NONE) (document start).
@@ -50,18 +50,25 @@ pub(crate) struct InsertEntry {
     pub(crate) origin_right: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<InsertEntry>() == 20);
+const _: () = assert!(std::mem::size_of::<InsertEntry>() == 16);
+
+impl InsertEntry {
+    /// Counter of the first character.
+    pub(crate) fn counter(&self) -> u64 {
+        u64::from(self.counter)
+    }
+}
 
 /// The top bit of [`DeleteEntry::packed`]: targets were deleted from the
 /// highest local version down.
 const REVERSED: u32 = 1 << 31;
 
 /// Consecutive delete events of one replica whose targets are consecutive
-/// local versions (16 bytes; the replica is the [`Agent`] that holds it).
+/// local versions (12 bytes; the replica is the [`Agent`] that holds it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeleteEntry {
     /// Counter of the first delete event.
-    pub(crate) counter: u64,
+    counter: u32,
     /// Lowest local version deleted.
     pub(crate) target: u32,
     /// Number of events, with [`REVERSED`] or-ed in when event `k` deleted
@@ -70,6 +77,11 @@ pub(crate) struct DeleteEntry {
 }
 
 impl DeleteEntry {
+    /// Counter of the first delete event.
+    pub(crate) fn counter(&self) -> u64 {
+        u64::from(self.counter)
+    }
+
     /// Number of delete events (and of targets).
     pub(crate) fn len(&self) -> u32 {
         self.packed & !REVERSED
@@ -324,7 +336,7 @@ impl History {
         let e = self.inserts[i];
         (
             self.agents[e.agent as usize].id,
-            e.counter + u64::from(lv - self.lvs[i]),
+            e.counter() + u64::from(lv - self.lvs[i]),
         )
     }
 
@@ -481,7 +493,7 @@ impl History {
         // bracket found (or everything older).
         let entries = self.entries_of(a as usize);
         let n = entries.len();
-        let counter_of = |i: usize| self.inserts[entries.at(i)].counter;
+        let counter_of = |i: usize| self.inserts[entries.at(i)].counter();
         let (mut lo, mut hi, mut step) = (0, n, 1);
         while step <= n.min(16) {
             let probe = n - step;
@@ -492,10 +504,10 @@ impl History {
             hi = probe;
             step *= 2;
         }
-        let i = entries.partition_point(lo..hi, |e| self.inserts[e].counter <= counter);
+        let i = entries.partition_point(lo..hi, |e| self.inserts[e].counter() <= counter);
         if i > 0 {
             let e = entries.at(i - 1);
-            let offset = counter - self.inserts[e].counter;
+            let offset = counter - self.inserts[e].counter();
             if offset < u64::from(self.entry_len(e)) {
                 return Lookup::Insert(self.lvs[e] + offset as u32);
             }
@@ -519,7 +531,7 @@ impl History {
         let extends = self.inserts.last().is_some_and(|last| {
             let last_len = u64::from(lv - self.lvs[self.lvs.len() - 1]);
             last.agent == agent
-                && last.counter + last_len == counter
+                && last.counter() + last_len == counter
                 && origin_left == lv - 1
                 && origin_right == last.origin_right
         });
@@ -533,7 +545,7 @@ impl History {
             reserve_lean(&mut self.lvs, 1, 16);
             self.lvs.push(lv);
             self.inserts.push(InsertEntry {
-                counter,
+                counter: narrow(counter),
                 agent,
                 origin_left,
                 origin_right,
@@ -564,7 +576,7 @@ impl History {
         let agent = &mut self.agents[agent as usize];
         agent.known = counter + u64::from(len) - 1;
         if let Some(e) = agent.deletes.last_mut() {
-            if e.counter + u64::from(e.len()) == counter {
+            if e.counter() + u64::from(e.len()) == counter {
                 let forward = (e.len() == 1 || !e.reversed()) && !reversed;
                 let backward = (e.len() == 1 || e.reversed()) && (len == 1 || reversed);
                 if forward && target == e.target + e.len() {
@@ -580,7 +592,7 @@ impl History {
         }
         reserve_lean(&mut agent.deletes, 1, 16);
         agent.deletes.push(DeleteEntry {
-            counter,
+            counter: narrow(counter),
             target,
             packed: len | if reversed { REVERSED } else { 0 },
         });
@@ -613,6 +625,14 @@ impl History {
             i += 1;
         }
     }
+}
+
+/// `counter` in the 32 bits the logs keep it in. Every way into a
+/// document (local edits, [`TextOp::check`](super::op::TextOp::check),
+/// decoding) refuses counters past [`MAX_COUNTER`] before they get here.
+fn narrow(counter: u64) -> u32 {
+    debug_assert!(counter <= MAX_COUNTER);
+    u32::try_from(counter).expect("counters past MAX_COUNTER are refused at the door")
 }
 
 #[cfg(test)]

@@ -136,13 +136,13 @@ impl Text {
             }
             let first = out.len();
             let entries = h.entries_of(a);
-            let ins_end = |e: usize| h.inserts[e].counter + u64::from(h.entry_len(e));
-            let del_end = |d: &DeleteEntry| d.counter + u64::from(d.len());
+            let ins_end = |e: usize| h.inserts[e].counter() + u64::from(h.entry_len(e));
+            let del_end = |d: &DeleteEntry| d.counter() + u64::from(d.len());
             let mut i = entries.partition_point(0..entries.len(), |e| ins_end(e) - 1 <= from);
             let mut d = agent.deletes.partition_point(|e| del_end(e) - 1 <= from);
             loop {
-                let ic = entries.get(i).map(|e| h.inserts[e].counter);
-                let dc = agent.deletes.get(d).map(|e| e.counter);
+                let ic = entries.get(i).map(|e| h.inserts[e].counter());
+                let dc = agent.deletes.get(d).map(|e| e.counter());
                 let op = match (ic, dc) {
                     (None, None) => break,
                     (Some(c), dc) if dc.is_none_or(|dc| c < dc) => {
@@ -154,7 +154,7 @@ impl Text {
                     _ => {
                         let e = agent.deletes[d];
                         d += 1;
-                        let skip = from.saturating_sub(e.counter - 1);
+                        let skip = from.saturating_sub(e.counter() - 1);
                         self.delete_op(agent.id, e, skip as u32)
                     }
                 };
@@ -199,7 +199,7 @@ impl Text {
         TextOp {
             id: Dot::new(
                 h.agents[entry.agent as usize].id,
-                entry.counter + u64::from(skip),
+                entry.counter() + u64::from(skip),
             ),
             kind: OpKind::Insert(ins),
         }
@@ -217,7 +217,7 @@ impl Text {
         let mut targets = Targets::default();
         push_targets(&self.history, &mut 0, &mut targets, lv, n, d.reversed());
         TextOp {
-            id: Dot::new(replica, d.counter + u64::from(skip)),
+            id: Dot::new(replica, d.counter() + u64::from(skip)),
             kind: OpKind::Delete(targets),
         }
     }
@@ -702,6 +702,7 @@ impl DeltaMerge for Text {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::MAX_COUNTER;
 
     /// Documents merged from random concurrent edits of 2 to 5 replicas
     /// are pre-order walks of their left-origin trees (what skipping a
@@ -775,5 +776,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Counters up to [`MAX_COUNTER`] are kept exactly in the 32-bit logs,
+    /// and an edit that would pass it is refused with the text unchanged.
+    #[test]
+    fn counters_reach_max_counter_exactly() {
+        let mut t = Text::new(ReplicaId::new(1));
+        t.insert(0, "xy").unwrap();
+        // No replica gets near the limit in a test's time: start there.
+        let peer = ReplicaId::new(2);
+        let a = t.history.intern(peer);
+        t.history.agents[a as usize].known = MAX_COUNTER - 2;
+        let op = TextOp {
+            id: Dot::new(peer, MAX_COUNTER - 1),
+            kind: OpKind::Insert(Insertion {
+                origin_left: None,
+                origin_right: None,
+                len: 2,
+                text: Content::from("ab"),
+                hidden: Vec::new(),
+            }),
+        };
+        t.apply(&op).unwrap();
+        assert_eq!(t.history.known(peer), MAX_COUNTER);
+        let first = t.history.lvs[t.history.lvs.len() - 1];
+        assert_eq!(t.dot_of(first + 1), Some(Dot::new(peer, MAX_COUNTER)));
+
+        let me = t.history.agent(ReplicaId::new(1)).unwrap();
+        t.history.agents[me as usize].known = MAX_COUNTER - 1;
+        let before = t.clone();
+        let exhausted = Err(TextError::CountersExhausted { max: MAX_COUNTER });
+        assert_eq!(t.insert(0, "cd"), exhausted);
+        assert_eq!(t, before);
+        let op = t.insert(0, "c").unwrap();
+        assert_eq!(op.id, Dot::new(ReplicaId::new(1), MAX_COUNTER));
+        assert_eq!(t.dot_of(t.history.items - 1), Some(op.id));
+        assert_eq!(t.delete(0..1), exhausted);
+        assert_eq!(t.to_string(), "cxyab");
     }
 }

@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use super::MAX_ITEMS;
 use super::history::History;
 use super::leaf::{byte_at, char_len};
+use super::{MAX_COUNTER, MAX_ITEMS};
 use crate::causal::{Dot, ReplicaId};
 
 /// One edit, as shipped between replicas: an insertion of characters or a
@@ -521,8 +521,12 @@ impl TextOp {
                 sum
             }
         };
-        if len > u64::from(MAX_ITEMS) || self.id.counter().checked_add(len).is_none() {
+        if len > u64::from(MAX_ITEMS) {
             return Err("op too long");
+        }
+        // Its events are counters `counter .. counter + len`.
+        if self.id.counter() > MAX_COUNTER + 1 - len {
+            return Err("op's counters past the last a replica can have");
         }
         Ok(())
     }
@@ -614,7 +618,7 @@ pub(crate) fn push_targets(
         let entry = &history.inserts[e];
         let start = Dot::new(
             history.agents[entry.agent as usize].id,
-            entry.counter + u64::from(lv - history.lvs[e]),
+            entry.counter() + u64::from(lv - history.lvs[e]),
         );
         let t = Target {
             start,
@@ -783,5 +787,9 @@ mod tests {
             ins.len = 3;
         }
         assert!(bad_len.check().is_err());
+        // Counters up to MAX_COUNTER pass; one event past it does not.
+        assert_eq!(insert(MAX_COUNTER - 1, "ab", vec![], None).check(), Ok(()));
+        assert!(insert(MAX_COUNTER, "ab", vec![], None).check().is_err());
+        assert!(insert(u64::MAX, "a", vec![], None).check().is_err());
     }
 }

@@ -79,7 +79,7 @@ use super::encoding::{read_buffered, write_buffered};
 use super::history::History;
 use super::leaf::{Run, char_len};
 use super::tree::Tree;
-use super::{MAX_ITEMS, NONE};
+use super::{MAX_COUNTER, MAX_ITEMS, NONE};
 use crate::causal::ReplicaId;
 use crate::codec::{Codec, DecodeError, Decoder, Encoder, lz};
 
@@ -131,8 +131,8 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         if kept.len() != 1 {
             stretches.push(&mut c, a as u64);
         }
-        c.gaps.varint(e.counter - next[a]);
-        next[a] = e.counter + u64::from(len);
+        c.gaps.varint(e.counter() - next[a]);
+        next[a] = e.counter() + u64::from(len);
         let [after, after_visible, before, _] = guesses[i];
         let left = if e.origin_left == after {
             0
@@ -157,7 +157,7 @@ pub(super) fn write(text: &Text, enc: &mut Encoder) {
         let mut typed = Typed::default();
         for d in deletes {
             let counter = typed.skip(h, a);
-            debug_assert_eq!(counter, d.counter);
+            debug_assert_eq!(counter, d.counter());
             typed.at += u64::from(d.len());
             c.backs
                 .signed_varint(i64::from(typed.end) - i64::from(d.target + d.len()));
@@ -241,7 +241,7 @@ impl Typed {
         let entries = h.entries_of(a);
         while let Some(e) = entries.get(self.next) {
             let entry = &h.inserts[e];
-            if entry.counter != self.at {
+            if entry.counter() != self.at {
                 break;
             }
             let len = h.entry_len(e);
@@ -276,8 +276,10 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     for _ in 0..n {
         let id = ReplicaId::decode(dec)?;
         let k = dec.varint()?;
-        if k == 0 || h.agent(id).is_some() {
-            return Err(dec.invalid("replica without events or listed twice"));
+        if k == 0 || k > MAX_COUNTER || h.agent(id).is_some() {
+            return Err(
+                dec.invalid("replica without events, past the last counter or listed twice")
+            );
         }
         h.intern(id);
         known.push(k);
@@ -426,11 +428,11 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         let entries = h.entries_of(a);
         let mut ins = entries
             .iter()
-            .map(|e| (h.inserts[e].counter, u64::from(h.entry_len(e))));
+            .map(|e| (h.inserts[e].counter(), u64::from(h.entry_len(e))));
         let mut del = agent
             .deletes
             .iter()
-            .map(|d| (d.counter, u64::from(d.len())));
+            .map(|d| (d.counter(), u64::from(d.len())));
         let (mut i, mut d) = (ins.next(), del.next());
         let mut at = 1;
         loop {
