@@ -891,6 +891,33 @@ fn extreme_counters_do_not_overflow() {
     assert_eq!(back, a);
 }
 
+/// A document that gives a replica more events than [`MAX_COUNTER`] is
+/// refused at its replica list, before any of its counters is kept.
+#[test]
+fn a_document_past_max_counter_is_refused() {
+    let mut t = Text::new(r(300));
+    t.insert(0, "a").unwrap();
+    let bytes = codec::to_bytes(&t);
+    let field = |known: u64| {
+        let mut enc = Encoder::new();
+        enc.length(1);
+        enc.varint(300);
+        enc.varint(known);
+        enc.into_bytes()
+    };
+    let (list, past) = (field(1), field(MAX_COUNTER + 1));
+    let at = bytes
+        .windows(list.len())
+        .position(|w| w == list)
+        .expect("the replica list");
+    assert!(at < 8, "the replica list opens the document");
+    let patched = [&bytes[..at], &past[..], &bytes[at + list.len()..]].concat();
+    match codec::from_bytes::<Text>(&patched) {
+        Err(DecodeError::Invalid { what, .. }) => assert!(what.contains("past the last counter")),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A document written in format version 2 (runs, entries and tokens
 /// uncoded; three replicas, deletions, a buffered op) decodes to the
 /// text it had, and is written back in today's layout.
