@@ -177,8 +177,9 @@ impl Text {
     ///
     /// [`TextError::PositionOutOfBounds`] if `pos > len()`;
     /// [`TextError::TooLarge`] if the document would pass
-    /// [`MAX_CHARS`](super::MAX_CHARS) inserted characters. The text is
-    /// unchanged.
+    /// [`MAX_CHARS`](super::MAX_CHARS) inserted characters;
+    /// [`TextError::CountersExhausted`] if this replica would pass
+    /// [`MAX_COUNTER`](super::MAX_COUNTER) events. The text is unchanged.
     ///
     /// # Performance
     ///
@@ -245,7 +246,9 @@ impl Text {
     /// # Errors
     ///
     /// [`TextError::RangeOutOfBounds`] if the range ends past `len()` or
-    /// starts after it ends. The text is unchanged.
+    /// starts after it ends; [`TextError::CountersExhausted`] if this
+    /// replica would pass [`MAX_COUNTER`](super::MAX_COUNTER) events. The
+    /// text is unchanged.
     ///
     /// # Examples
     ///
