@@ -6,8 +6,8 @@
 //! See the module docs of `tree.rs` for the shape these functions keep.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
 
+use super::index::LeafIndex;
 use super::leaf::{Leaf, MAX_BYTES, MAX_RUNS, Run, char_len, utf16_len};
 use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
 use super::{NONE, reserve_lean};
@@ -127,7 +127,7 @@ impl Tree {
 
     /// The index (see [`Tree::index`](Tree)), built from the leaves if no
     /// lookup has needed it yet.
-    pub(super) fn index(&self) -> &BTreeMap<u32, u32> {
+    pub(super) fn index(&self) -> &LeafIndex {
         self.index.get_or_init(|| index_of(&self.leaves))
     }
 
@@ -137,11 +137,9 @@ impl Tree {
         let Some(index) = self.index.get_mut() else {
             return;
         };
-        match index.last_key_value() {
-            Some((&k, &l)) if l == leaf && k <= lv => {}
-            _ => {
-                index.insert(lv, leaf);
-            }
+        match index.last(..) {
+            Some((k, l)) if l == leaf && k <= lv => {}
+            _ => index.insert(lv, leaf),
         }
     }
 
@@ -150,16 +148,14 @@ impl Tree {
     pub(super) fn index_move(&mut self, start: u32, end: u32, leaf: u32) {
         self.index();
         let index = self.index.get_mut().expect("built by index()");
-        let tail = index.range(..=end).next_back().map(|(_, &l)| l);
-        while let Some((&k, _)) = index.range(start..=end).next() {
-            index.remove(&k);
-        }
+        let tail = index.last(..=end).map(|(_, l)| l);
+        index.remove(start, end);
         if let Some(t) = tail {
             if t != leaf {
                 index.insert(end, t);
             }
         }
-        let joins_prev = index.range(..start).next_back().map(|(_, &l)| l) == Some(leaf);
+        let joins_prev = index.last(..start).map(|(_, l)| l) == Some(leaf);
         if !joins_prev {
             index.insert(start, leaf);
         }
@@ -430,7 +426,7 @@ impl Tree {
 /// The index of a tree with `leaves`: each run's first local version
 /// mapped to its leaf, joining neighbours (in local-version order) that
 /// share a leaf.
-fn index_of(leaves: &[Leaf]) -> BTreeMap<u32, u32> {
+fn index_of(leaves: &[Leaf]) -> LeafIndex {
     let mut starts: Vec<(u32, u32)> = leaves
         .iter()
         .zip(0u32..)
@@ -438,7 +434,7 @@ fn index_of(leaves: &[Leaf]) -> BTreeMap<u32, u32> {
         .collect();
     starts.sort_unstable_by_key(|&(lv, _)| lv);
     starts.dedup_by(|next, kept| next.1 == kept.1);
-    starts.into_iter().collect()
+    LeafIndex::from_sorted(starts)
 }
 
 /// The first characters of `s`, at most `n` of them and at least one, in

@@ -359,7 +359,18 @@ impl History {
     /// one deeper each (each names the one before as its left origin).
     /// Fills in the depths of the entries before it first: an entry's left
     /// origin is an earlier character, so one pass in order computes them.
+    #[inline]
     fn entry_depth(&mut self, e: usize) -> u32 {
+        if self.depths.len() <= e {
+            self.fill_depths(e);
+        }
+        self.depths[e]
+    }
+
+    /// Computes the depths of the entries up to `e` (see
+    /// [`History::entry_depth`]); apart from the hot path of its callers.
+    #[inline(never)]
+    fn fill_depths(&mut self, e: usize) {
         while self.depths.len() <= e {
             let i = self.depths.len();
             let left = self.inserts[i].origin_left;
@@ -375,12 +386,12 @@ impl History {
             };
             self.depths.push(d);
         }
-        self.depths[e]
     }
 
     /// The offset in `lv .. lv + n` of its first character at depth `d`
     /// or less, if any. Depth grows along an entry, so only the first
     /// character of each entry's piece of the range can be the one.
+    #[inline]
     pub(crate) fn first_within_depth(&mut self, lv: u32, n: u32, d: u32) -> Option<u32> {
         let end = lv + n;
         let mut at = lv;

@@ -210,6 +210,7 @@
 //! the last local edit. Ids and origins live in a separate run-length
 //! encoded log. The files, each with a long comment on its structure:
 //! `leaf.rs` (runs and leaves), `tree.rs` (the B-tree, index and cursor),
+//! `index.rs` (the index's map, in 16-bit leaf numbers while they fit),
 //! `balance.rs` (splits, metrics and index upkeep),
 //! `history.rs` (ids, origins and deletions), `integrate.rs` (the rule,
 //! buffering, merge), `encoding.rs` (ops as bytes, and documents of
@@ -246,6 +247,7 @@ mod document;
 mod encoding;
 mod error;
 mod history;
+mod index;
 mod integrate;
 mod leaf;
 mod op;

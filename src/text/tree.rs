@@ -71,11 +71,11 @@
 //! as it reads them.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use super::NONE;
 use super::history::History;
+use super::index::LeafIndex;
 use super::leaf::{Leaf, Run, byte_at, utf16_len_of};
 
 /// Most children of an internal node (one more is allowed for an instant,
@@ -170,7 +170,7 @@ pub(crate) struct Tree {
     /// from the leaves by the first lookup of an item by local version
     /// (local editing makes none, so a document only edited here never
     /// holds one), and kept up to date from then on.
-    pub(super) index: OnceLock<BTreeMap<u32, u32>>,
+    pub(super) index: OnceLock<LeafIndex>,
     /// The metrics of the whole document.
     pub(super) total: Metrics,
     /// A leaf whose ancestors still count it with the metrics given: a
@@ -471,7 +471,7 @@ impl Tree {
 
     /// As [`Tree::locate`], also counting the leaves walked past.
     fn locate_hops(&self, lv: u32) -> Option<(Pos, u32)> {
-        let (_, &first) = self.index().range(..=lv).next_back()?;
+        let (_, first) = self.index().last(..=lv)?;
         let mut leaf = first;
         let mut hops = 0;
         while leaf != NONE {
