@@ -368,7 +368,8 @@ impl History {
     }
 
     /// Computes the depths of the entries up to `e` (see
-    /// [`History::entry_depth`]); apart from the hot path of its callers.
+    /// [`History::entry_depth`]), out of line: most calls find the depth
+    /// already there, and inline only that check.
     #[inline(never)]
     fn fill_depths(&mut self, e: usize) {
         while self.depths.len() <= e {
