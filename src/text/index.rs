@@ -56,19 +56,12 @@ impl LeafIndex {
     /// Maps `lv` to `leaf`, widening the map first if `leaf` needs it.
     pub(super) fn insert(&mut self, lv: u32, leaf: u32) {
         if let Self::Narrow(map) = self {
-            match u16::try_from(leaf) {
-                Ok(narrow) => {
-                    map.insert(lv, narrow);
-                    return;
-                }
-                Err(_) => {
-                    let wide = std::mem::take(map)
-                        .into_iter()
-                        .map(|(k, l)| (k, u32::from(l)))
-                        .collect();
-                    *self = Self::Wide(wide);
-                }
+            if let Ok(narrow) = u16::try_from(leaf) {
+                map.insert(lv, narrow);
+                return;
             }
+            let wide = std::mem::take(map).into_iter();
+            *self = Self::Wide(wide.map(|(k, l)| (k, u32::from(l))).collect());
         }
         if let Self::Wide(map) = self {
             map.insert(lv, leaf);
