@@ -269,6 +269,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// `replace` is `delete` then `insert` without the ops: two replicas of
+    /// one id, one editing with `replace`, the other with `delete` and
+    /// `insert`, stay equal edit by edit and encode to the same bytes,
+    /// and a peer fed the first one's `ops_since` gets its text. A replace
+    /// out of range is refused with the text unchanged.
+    #[test]
+    fn replace_is_delete_then_insert(edits in vec((any::<usize>(), 0..6usize, "[a-z日é😀]{0,5}"), 0..120)) {
+        let (mut a, mut b) = (Text::new(r(1)), Text::new(r(1)));
+        for (at, n, s) in edits {
+            let len = a.len();
+            let at = at % (len + 1);
+            let end = (at + n).min(len);
+            let before = a.clone();
+            prop_assert_eq!(
+                a.replace(at..len + 1 + n, &s),
+                Err(TextError::RangeOutOfBounds { start: at, end: len + 1 + n, len })
+            );
+            prop_assert_eq!(&a, &before);
+            a.replace(at..end, &s).unwrap();
+            b.delete(at..end).unwrap();
+            b.insert(at, &s).unwrap();
+            prop_assert_eq!(&a, &b);
+        }
+        a.assert_invariants();
+        prop_assert_eq!(codec::to_bytes(&a), codec::to_bytes(&b));
+        let mut peer = Text::new(r(2));
+        for op in a.ops_since(&VersionVector::new()) {
+            peer.apply(&op).unwrap();
+        }
+        prop_assert_eq!(peer.to_string(), a.to_string());
+    }
+}
+
 /// A seeded Fisher–Yates shuffle (no extra crates).
 fn shuffle<T>(items: &mut [T], seed: u64) {
     let mut s = seed | 1;

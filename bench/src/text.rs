@@ -5,9 +5,14 @@
 //! For every sequential trace:
 //!
 //! - **local replay**: apply every patch to a fresh document through the
-//!   library's local editing API (yrs: one transaction per patch; loro and
-//!   automerge: their auto-committing APIs; the ropes: plain text, no CRDT
-//!   metadata, which is the limit);
+//!   library's local editing API (calm: `Text::replace`, which records the
+//!   edit in the history peers sync from but builds no op, as
+//!   diamond-types' `insert` and `delete_without_content` build none; yrs:
+//!   one transaction per patch; loro and automerge: their auto-committing
+//!   APIs; the ropes: plain text, no CRDT metadata, which is the limit);
+//!   against diamond-types also calm's `delete` and `insert`, each
+//!   returning the op a live peer is sent (**local replay, each edit
+//!   returning its op**);
 //! - **merge**: a replica with nothing catches up with the replayed
 //!   replica's whole history, received as that library's update bytes
 //!   (calm: a delta against an empty version vector, decoded and merged
@@ -157,6 +162,21 @@ impl Subject for Calm {
     fn replay(t: &Trace) -> Text {
         let mut doc = Text::new(ReplicaId::new(1));
         for p in &t.patches {
+            doc.replace(p.pos..p.pos + p.del, &p.ins).expect("in range");
+        }
+        doc
+    }
+    fn check(doc: &Text, t: &Trace) {
+        assert!(doc.to_string() == t.end, "calm: {} replayed wrong", t.name);
+    }
+}
+
+impl Calm {
+    /// [`Subject::replay`] through `delete` and `insert`, each returning
+    /// the op a live peer would be sent (dropped here).
+    fn replay_with_ops(t: &Trace) -> Text {
+        let mut doc = Text::new(ReplicaId::new(1));
+        for p in &t.patches {
             if p.del > 0 {
                 let _ = doc.delete(p.pos..p.pos + p.del).expect("in range");
             }
@@ -165,9 +185,6 @@ impl Subject for Calm {
             }
         }
         doc
-    }
-    fn check(doc: &Text, t: &Trace) {
-        assert!(doc.to_string() == t.end, "calm: {} replayed wrong", t.name);
     }
 }
 
@@ -573,6 +590,24 @@ fn replay_rows<P: Subject>(t: &Trace, rows: &mut Vec<Row>) {
     ));
 }
 
+/// calm's replay building every edit's op (`insert` and `delete`)
+/// against `P`'s local replay.
+fn replay_with_ops_row<P: Subject>(t: &Trace, rows: &mut Vec<Row>) {
+    Calm::check(&Calm::replay_with_ops(t), t);
+    let (a, b) = compare_rounds(
+        Side::batched(|| (), |()| Calm::replay_with_ops(t)),
+        Side::batched(|| (), |()| P::replay(t)),
+        ROUNDS,
+    );
+    rows.push(Row {
+        workload: t.name.clone(),
+        metric: "local replay, each edit returning its op".to_owned(),
+        peer: P::NAME.to_owned(),
+        ours: Figure::Time(a),
+        theirs: Figure::Time(b),
+    });
+}
+
 /// Kept heap after a replay and one remote insert, calm against `P`.
 fn remote_rows<P: Remote>(t: &Trace, rows: &mut Vec<Row>) {
     let chars = t.end.chars().count() + 1;
@@ -649,6 +684,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
     for t in traces(filter) {
         eprintln!("{}: {} patches", t.name, t.patches.len());
         replay_rows::<DiamondTypes>(&t, &mut rows);
+        replay_with_ops_row::<DiamondTypes>(&t, &mut rows);
         crdt_rows::<DiamondTypes>(&t, &mut rows);
         remote_rows::<DiamondTypes>(&t, &mut rows);
         replay_rows::<Cola>(&t, &mut rows);

@@ -15,10 +15,13 @@ use crate::causal::{Dot, ReplicaId};
 /// A collaborative plain-text document: a sequence CRDT of characters.
 ///
 /// Every replica holds a `Text`, edits it locally with [`insert`] and
-/// [`delete`], and shares the edits in one of three ways, freely mixed:
+/// [`delete`] (or [`replace`], which builds no op), and shares the edits
+/// in one of three ways, freely mixed:
 ///
-/// - **ops**: each edit returns a [`TextOp`] for the others to
-///   [`apply`](Text::apply) (op-based sync, for live collaboration);
+/// - **ops**: each `insert` and `delete` returns a [`TextOp`] for the
+///   others to [`apply`](Text::apply) (op-based sync, for live
+///   collaboration), and [`ops_since`](Text::ops_since) gives them for
+///   any stretch of the history;
 /// - **deltas**: a peer sends its [`version_vector`] and gets back
 ///   [`delta`], everything it lacks, to [`merge`] (catching up);
 /// - **states**: [`merge`] a whole other `Text` (state-based sync).
@@ -78,6 +81,7 @@ use crate::causal::{Dot, ReplicaId};
 ///
 /// [`insert`]: Text::insert
 /// [`delete`]: Text::delete
+/// [`replace`]: Text::replace
 /// [`version_vector`]: crate::DeltaMerge::version_vector
 /// [`delta`]: crate::DeltaMerge::delta
 /// [`merge`]: crate::Merge::merge
@@ -206,18 +210,10 @@ impl Text {
         }
         let n = char_len(text);
         let counter = self.next_counter(n)?;
-        if u64::from(self.history.items) + n as u64 > MAX_CHARS {
-            return Err(TextError::TooLarge { max: MAX_CHARS });
-        }
+        self.check_room(n)?;
         let (mut origin_left, mut origin_right) = (None, None);
         if n > 0 {
-            let agent = self.local_agent();
-            let at = self.tree.insert_point(pos);
-            let (left, right) = self.tree.neighbors(at);
-            let lv = self
-                .history
-                .push_insert(agent, counter, n as u32, left, right);
-            self.tree.insert(at, Run::new(lv, n as u32, false), text);
+            let (left, right) = self.insert_at(pos, text, n, counter);
             origin_left = self.dot_of(left);
             if self.right_origin.0 != right {
                 self.right_origin = (right, self.dot_of(right));
@@ -274,21 +270,115 @@ impl Text {
         }
         let counter = self.next_counter(range.len())?;
         let mut targets = Targets::default();
-        if !range.is_empty() {
-            let agent = self.local_agent();
-            let history = &mut self.history;
-            let hint = &mut self.delete_hint;
-            let mut c = counter;
-            self.tree.delete_chars(range.start, range.len(), |lv, n| {
-                history.push_delete(agent, c, lv, n, false);
-                c += u64::from(n);
-                push_targets(history, hint, &mut targets, lv, n, false);
-            });
-        }
+        self.delete_at(range, counter, Some(&mut targets));
         Ok(TextOp {
             id: Dot::new(self.replica, counter),
             kind: OpKind::Delete(targets),
         })
+    }
+
+    /// Replaces the characters in `range` with `text` (a delete, then an
+    /// insert at `range.start`) without building the ops for them: the
+    /// local editing path for replicas that share edits as deltas or
+    /// states, or later as [`ops_since`](Text::ops_since), rather than op
+    /// by op. The document, its history and what peers later receive are
+    /// exactly as after [`delete`](Text::delete) and then
+    /// [`insert`](Text::insert); only the returned ops are skipped, with
+    /// the id lookups that build them.
+    ///
+    /// # Errors
+    ///
+    /// [`TextError::RangeOutOfBounds`], [`TextError::TooLarge`] or
+    /// [`TextError::CountersExhausted`], as `delete` and `insert` return
+    /// them, checked for both before either is made: on an error the text
+    /// is unchanged.
+    ///
+    /// # Performance
+    ///
+    /// As `delete` and `insert`, less the ops: O(log n), and O(1) plus the
+    /// text copy when typing or deleting on where the last edit was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use calm::causal::{ReplicaId, VersionVector};
+    /// use calm::text::{Text, TextError};
+    ///
+    /// let mut a = Text::new(ReplicaId::new(1));
+    /// a.replace(0..0, "hello world")?;
+    /// a.replace(6..11, "there")?;
+    /// assert_eq!(a.to_string(), "hello there");
+    /// assert!(matches!(a.replace(6..99, "x"), Err(TextError::RangeOutOfBounds { .. })));
+    ///
+    /// // A peer catches up from the history, op by op.
+    /// let mut b = Text::new(ReplicaId::new(2));
+    /// for op in a.ops_since(&VersionVector::new()) {
+    ///     b.apply(&op)?;
+    /// }
+    /// assert_eq!(b.to_string(), "hello there");
+    /// # Ok::<(), calm::Error>(())
+    /// ```
+    pub fn replace(&mut self, range: Range<usize>, text: &str) -> Result<(), TextError> {
+        let len = self.len();
+        if range.start > range.end || range.end > len {
+            return Err(TextError::RangeOutOfBounds {
+                start: range.start,
+                end: range.end,
+                len,
+            });
+        }
+        let n = char_len(text);
+        let counter = self.next_counter(range.len().saturating_add(n))?;
+        self.check_room(n)?;
+        let pos = range.start;
+        let inserted = counter + range.len() as u64;
+        self.delete_at(range, counter, None);
+        if n > 0 {
+            self.insert_at(pos, text, n, inserted);
+        }
+        Ok(())
+    }
+
+    /// Refuses `n` more inserted characters past [`MAX_CHARS`].
+    fn check_room(&self, n: usize) -> Result<(), TextError> {
+        if u64::from(self.history.items) + n as u64 > MAX_CHARS {
+            return Err(TextError::TooLarge { max: MAX_CHARS });
+        }
+        Ok(())
+    }
+
+    /// Inserts `text` (`n > 0` characters) at `pos` as this replica's
+    /// events from `counter`, checked by the caller; returns the new
+    /// text's neighbours (its origins), as local versions.
+    fn insert_at(&mut self, pos: usize, text: &str, n: usize, counter: u64) -> (u32, u32) {
+        let agent = self.local_agent();
+        let at = self.tree.insert_point(pos);
+        let (left, right) = self.tree.neighbors(at);
+        let lv = self
+            .history
+            .push_insert(agent, counter, n as u32, left, right);
+        self.tree.insert(at, Run::new(lv, n as u32, false), text);
+        (left, right)
+    }
+
+    /// Deletes the characters in `range` (checked by the caller) as this
+    /// replica's events from `counter`, adding their ids to `targets` when
+    /// an op is wanted.
+    fn delete_at(&mut self, range: Range<usize>, counter: u64, mut targets: Option<&mut Targets>) {
+        if range.is_empty() {
+            return;
+        }
+        let agent = self.local_agent();
+        let history = &mut self.history;
+        let hint = &mut self.delete_hint;
+        let mut c = counter;
+        self.tree.delete_chars(range.start, range.len(), |lv, n| {
+            history.push_delete(agent, c, lv, n, false);
+            c += u64::from(n);
+            if let Some(targets) = targets.as_deref_mut() {
+                push_targets(history, hint, targets, lv, n, false);
+            }
+        });
     }
 
     /// The counter of this replica's next event, if `n` more events stay

@@ -808,11 +808,15 @@ mod tests {
         let before = t.clone();
         let exhausted = Err(TextError::CountersExhausted { max: MAX_COUNTER });
         assert_eq!(t.insert(0, "cd"), exhausted);
+        // One event is left: a delete or an insert alone would fit, both
+        // in one replace do not, and neither is made.
+        assert_eq!(t.replace(0..1, "c"), exhausted.clone().map(|_: TextOp| ()));
         assert_eq!(t, before);
         let op = t.insert(0, "c").unwrap();
         assert_eq!(op.id, Dot::new(ReplicaId::new(1), MAX_COUNTER));
         assert_eq!(t.dot_of(t.history.items - 1), Some(op.id));
         assert_eq!(t.delete(0..1), exhausted);
+        assert_eq!(t.replace(0..0, "d"), exhausted.map(|_: TextOp| ()));
         assert_eq!(t.to_string(), "cxyab");
     }
 }
