@@ -260,14 +260,7 @@ impl Text {
     /// # Ok::<(), calm::Error>(())
     /// ```
     pub fn delete(&mut self, range: Range<usize>) -> Result<TextOp, TextError> {
-        let len = self.len();
-        if range.start > range.end || range.end > len {
-            return Err(TextError::RangeOutOfBounds {
-                start: range.start,
-                end: range.end,
-                len,
-            });
-        }
+        self.check_range(&range)?;
         let counter = self.next_counter(range.len())?;
         let mut targets = Targets::default();
         self.delete_at(range, counter, Some(&mut targets));
@@ -319,14 +312,7 @@ impl Text {
     /// # Ok::<(), calm::Error>(())
     /// ```
     pub fn replace(&mut self, range: Range<usize>, text: &str) -> Result<(), TextError> {
-        let len = self.len();
-        if range.start > range.end || range.end > len {
-            return Err(TextError::RangeOutOfBounds {
-                start: range.start,
-                end: range.end,
-                len,
-            });
-        }
+        self.check_range(&range)?;
         let n = char_len(text);
         let counter = self.next_counter(range.len().saturating_add(n))?;
         self.check_room(n)?;
@@ -335,6 +321,19 @@ impl Text {
         self.delete_at(range, counter, None);
         if n > 0 {
             self.insert_at(pos, text, n, inserted);
+        }
+        Ok(())
+    }
+
+    /// Refuses a range that starts after it ends or ends past `len()`.
+    fn check_range(&self, range: &Range<usize>) -> Result<(), TextError> {
+        let len = self.len();
+        if range.start > range.end || range.end > len {
+            return Err(TextError::RangeOutOfBounds {
+                start: range.start,
+                end: range.end,
+                len,
+            });
         }
         Ok(())
     }
