@@ -288,8 +288,9 @@ impl Text {
     ///
     /// # Performance
     ///
-    /// As `delete` and `insert`, less the ops: O(log n), and O(1) plus the
-    /// text copy when typing or deleting on where the last edit was.
+    /// As `delete` then `insert`, less building the ops and the id lookups
+    /// they need: O(log n), and for the insert O(1) plus the text copy when
+    /// typing on where the last edit was, as for `insert`.
     ///
     /// # Examples
     ///
