@@ -481,14 +481,14 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     for (e, entry) in h.inserts.iter().enumerate() {
         let first = h.lvs[e];
         let last = first + h.entry_len(e) - 1;
-        while layout.run(k).end() <= first {
+        while layout.end(k) <= first {
             k += 1;
         }
-        let first_pos = (layout.doc(k), first - layout.run(k).lv);
-        while layout.run(k).end() <= last {
+        let first_pos = (layout.doc(k), first - layout.lv(k));
+        while layout.end(k) <= last {
             k += 1;
         }
-        let last_pos = (layout.doc(k), last - layout.run(k).lv);
+        let last_pos = (layout.doc(k), last - layout.lv(k));
         // A guessed left origin lies before the entry's first character
         // by construction; a guessed right one is the first character of
         // the run the guess names.
@@ -509,7 +509,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     // the run before it in local-version order.
     let mut e = 0;
     for k in 1..runs.len() {
-        let x = layout.run(k).lv;
+        let x = layout.lv(k);
         while h.lvs.get(e + 1).is_some_and(|&n| n <= x) {
             e += 1;
         }
@@ -539,7 +539,9 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
 }
 
 /// The runs in both orders: document order as given, and local-version
-/// order (`by_lv`, as `lv << 32 | document index`).
+/// order (`by_lv`, as `lv << 32 | document index`, then `items << 32 |
+/// NONE`, so that once [`Layout::tiles`] holds each run's end is the next
+/// one's start, read without touching the runs).
 struct Layout<'a> {
     runs: &'a [Run],
     by_lv: Vec<u64>,
@@ -549,13 +551,14 @@ impl<'a> Layout<'a> {
     fn new(runs: &'a [Run], items: u32) -> Self {
         // Buckets of about one run each, so the sort is one counting pass.
         let shift = (items / runs.len().max(1) as u32).max(1).ilog2();
-        let by_lv = sort_spread(
+        let mut by_lv = sort_spread(
             runs.iter()
                 .enumerate()
                 .map(|(i, r)| u64::from(r.lv) << 32 | i as u64),
             32 + shift,
             (items >> shift) as usize + 1,
         );
+        by_lv.push(u64::from(items) << 32 | u64::from(NONE));
         Self { runs, by_lv }
     }
 
@@ -563,7 +566,7 @@ impl<'a> Layout<'a> {
     /// other methods assume it).
     fn tiles(&self, items: u32) -> bool {
         let mut at = 0;
-        for k in 0..self.by_lv.len() {
+        for k in 0..self.runs.len() {
             let r = self.run(k);
             if r.lv != at {
                 return false;
@@ -583,12 +586,22 @@ impl<'a> Layout<'a> {
         self.by_lv[k] as u32
     }
 
+    /// The first local version of the `k`-th run in local-version order.
+    fn lv(&self, k: usize) -> u32 {
+        (self.by_lv[k] >> 32) as u32
+    }
+
+    /// The end of the `k`-th run in local-version order (the runs tile).
+    fn end(&self, k: usize) -> u32 {
+        self.lv(k + 1)
+    }
+
     /// Where item `lv` is: its run's document index and its offset there
     /// (a binary search: only origins given in full need it).
     fn pos(&self, lv: u32) -> (u32, u32) {
         let key = u64::from(lv) << 32 | 0xffff_ffff;
         let k = self.by_lv.partition_point(|&x| x <= key) - 1;
-        (self.doc(k), lv - self.run(k).lv)
+        (self.doc(k), lv - self.lv(k))
     }
 
     /// For each character `x` of `firsts` (in increasing order), three guesses at its origins,
@@ -613,7 +626,7 @@ impl<'a> Layout<'a> {
         let mut head = vec![NONE; runs.len()];
         let mut next = vec![NONE; firsts.len()];
         for (q, &x) in firsts.iter().enumerate() {
-            while self.run(k).end() <= x {
+            while self.end(k) <= x {
                 k += 1;
             }
             let d = self.doc(k) as usize;
