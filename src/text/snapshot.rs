@@ -637,57 +637,60 @@ impl<'a> Layout<'a> {
         // The stacks hold runs (first local version, document index)
         // whose first local versions grow towards the top: a run hides
         // every run further away whose first local version is not lower.
-        // The answer is most often the top, tried before a search.
-        let push = |stack: &mut Vec<(u32, u32)>, d: usize| {
-            let lv = runs[d].lv;
+        // Runs hold disjoint local versions, so for a character of run
+        // `r` the nearest run on a stack with a lower first local version
+        // is the nearest below `r.lv`: the top, once `r` has popped what
+        // it hides.
+        let pop = |stack: &mut Vec<(u32, u32)>, lv: u32| {
             while stack.last().is_some_and(|&(p, _)| p >= lv) {
                 stack.pop();
             }
-            stack.push((lv, d as u32));
-        };
-        let nearest = |stack: &[(u32, u32)], x: u32| {
-            let i = match stack.last() {
-                Some(&(lv, _)) if lv < x => stack.len(),
-                _ => stack.partition_point(|&(lv, _)| lv < x),
-            };
-            (i > 0).then(|| stack[i - 1].1)
+            stack.last().map(|&(_, d)| d)
         };
         let (mut all, mut shown) = (Vec::new(), Vec::new());
         for (d, r) in runs.iter().enumerate() {
+            let before = pop(&mut all, r.lv);
             let mut q = head[d];
-            while q != NONE {
-                let i = q as usize;
-                let x = firsts[i];
-                let left = |d: Option<u32>| d.map_or(NONE, |d| runs[d as usize].end().min(x) - 1);
-                out[i][0] = if x > r.lv {
-                    x - 1
+            if q != NONE {
+                // A deleted run joins no visible stack, so must not pop it.
+                let visible_before = if r.deleted() {
+                    let i = shown.partition_point(|&(lv, _)| lv < r.lv);
+                    (i > 0).then(|| shown[i - 1].1)
                 } else {
-                    left(nearest(&all, x))
+                    pop(&mut shown, r.lv)
                 };
-                out[i][1] = if x > r.lv && !r.deleted() {
-                    x - 1
-                } else {
-                    left(nearest(&shown, x))
-                };
-                q = next[i];
+                while q != NONE {
+                    let i = q as usize;
+                    let x = firsts[i];
+                    let left =
+                        |d: Option<u32>| d.map_or(NONE, |d| runs[d as usize].end().min(x) - 1);
+                    out[i][0] = if x > r.lv { x - 1 } else { left(before) };
+                    out[i][1] = if x > r.lv && !r.deleted() {
+                        x - 1
+                    } else {
+                        left(visible_before)
+                    };
+                    q = next[i];
+                }
             }
-            push(&mut all, d);
+            all.push((r.lv, d as u32));
             if !r.deleted() {
-                push(&mut shown, d);
+                pop(&mut shown, r.lv);
+                shown.push((r.lv, d as u32));
             }
         }
         all.clear();
         for d in (0..runs.len()).rev() {
-            let mut q = head[d];
-            while q != NONE {
-                let i = q as usize;
-                if let Some(d) = nearest(&all, firsts[i]) {
-                    out[i][2] = runs[d as usize].lv;
-                    out[i][3] = d;
+            let lv = runs[d].lv;
+            if let Some(b) = pop(&mut all, lv) {
+                let mut q = head[d];
+                while q != NONE {
+                    out[q as usize][2] = runs[b as usize].lv;
+                    out[q as usize][3] = b;
+                    q = next[q as usize];
                 }
-                q = next[i];
             }
-            push(&mut all, d);
+            all.push((lv, d as u32));
         }
         out
     }
