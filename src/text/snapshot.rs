@@ -369,6 +369,9 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
         return Err(dec.invalid("insert entries and runs disagree on the characters"));
     }
     let guesses = layout.guesses(&firsts);
+    // Counted against the columns: exact room, so pushing never regrows.
+    h.inserts.reserve_exact(entries);
+    h.lvs.reserve_exact(entries);
     for (e, g) in raw.iter().zip(&guesses) {
         let [after, after_visible, before, _] = *g;
         let origin_left = match e.left {
@@ -393,6 +396,7 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
     let mut dead: Vec<u64> = Vec::new();
     for (a, &k) in known.iter().enumerate() {
         let mut typed = Typed::default();
+        h.agents[a].deletes.reserve_exact(counts.deletes[a]);
         for _ in 0..counts.deletes[a] {
             let counter = typed.skip(h, a);
             let back = c.backs.signed_varint()?;
