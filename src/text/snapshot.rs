@@ -624,79 +624,82 @@ impl<'a> Layout<'a> {
     fn guesses(&self, firsts: &[u32]) -> Vec<[u32; 4]> {
         let runs = self.runs;
         // `firsts` grow, so one walk over the runs in local-version order
-        // finds each one's run; each query is listed under its run's
-        // document index (`head`, then `next`).
+        // finds each one's run (its document index).
         let mut k = 0;
-        let mut head = vec![NONE; runs.len()];
-        let mut next = vec![NONE; firsts.len()];
-        for (q, &x) in firsts.iter().enumerate() {
-            while self.end(k) <= x {
-                k += 1;
-            }
-            let d = self.doc(k) as usize;
-            next[q] = head[d];
-            head[d] = q as u32;
-        }
-        let mut out = vec![[NONE; 4]; firsts.len()];
-        // The stacks hold runs (first local version, document index)
-        // whose first local versions grow towards the top: a run hides
-        // every run further away whose first local version is not lower.
-        // Runs hold disjoint local versions, so for a character of run
-        // `r` the nearest run on a stack with a lower first local version
-        // is the nearest below `r.lv`: the top, once `r` has popped what
-        // it hides.
+        let mut has_query = vec![false; runs.len()];
+        let run_of: Vec<u32> = firsts
+            .iter()
+            .map(|&x| {
+                while self.end(k) <= x {
+                    k += 1;
+                }
+                has_query[self.doc(k) as usize] = true;
+                self.doc(k)
+            })
+            .collect();
+        // Per run: the nearest run before it with a lower first local
+        // version, the same among visible runs, and the nearest after it
+        // with a lower one. The stacks hold runs (first local version,
+        // document index) whose first local versions grow towards the
+        // top: a run hides every run further away whose first local
+        // version is not lower. Runs hold disjoint local versions, so for
+        // a character of run `r` the nearest run on a stack with a lower
+        // first local version is the nearest below `r.lv`: the top, once
+        // `r` has popped what it hides.
         let pop = |stack: &mut Vec<(u32, u32)>, lv: u32| {
             while stack.last().is_some_and(|&(p, _)| p >= lv) {
                 stack.pop();
             }
-            stack.last().map(|&(_, d)| d)
+            stack.last().map_or(NONE, |&(_, d)| d)
         };
+        let mut near = vec![[NONE; 3]; runs.len()];
         let (mut all, mut shown) = (Vec::new(), Vec::new());
         for (d, r) in runs.iter().enumerate() {
-            let before = pop(&mut all, r.lv);
-            let mut q = head[d];
-            if q != NONE {
-                // A deleted run joins no visible stack, so must not pop it.
-                let visible_before = if r.deleted() {
-                    let i = shown.partition_point(|&(lv, _)| lv < r.lv);
-                    (i > 0).then(|| shown[i - 1].1)
-                } else {
-                    pop(&mut shown, r.lv)
-                };
-                while q != NONE {
-                    let i = q as usize;
-                    let x = firsts[i];
-                    let left =
-                        |d: Option<u32>| d.map_or(NONE, |d| runs[d as usize].end().min(x) - 1);
-                    out[i][0] = if x > r.lv { x - 1 } else { left(before) };
-                    out[i][1] = if x > r.lv && !r.deleted() {
-                        x - 1
-                    } else {
-                        left(visible_before)
-                    };
-                    q = next[i];
-                }
-            }
+            near[d][0] = pop(&mut all, r.lv);
             all.push((r.lv, d as u32));
             if !r.deleted() {
-                pop(&mut shown, r.lv);
+                near[d][1] = pop(&mut shown, r.lv);
                 shown.push((r.lv, d as u32));
+            } else if has_query[d] {
+                // A deleted run joins no visible stack, so must not pop it.
+                let i = shown.partition_point(|&(lv, _)| lv < r.lv);
+                near[d][1] = if i > 0 { shown[i - 1].1 } else { NONE };
             }
         }
         all.clear();
         for d in (0..runs.len()).rev() {
-            let lv = runs[d].lv;
-            if let Some(b) = pop(&mut all, lv) {
-                let mut q = head[d];
-                while q != NONE {
-                    out[q as usize][2] = runs[b as usize].lv;
-                    out[q as usize][3] = b;
-                    q = next[q as usize];
-                }
-            }
-            all.push((lv, d as u32));
+            near[d][2] = pop(&mut all, runs[d].lv);
+            all.push((runs[d].lv, d as u32));
         }
-        out
+        firsts
+            .iter()
+            .zip(&run_of)
+            .map(|(&x, &d)| {
+                let r = runs[d as usize];
+                let [before, visible_before, after] = near[d as usize];
+                let left = |d: u32| {
+                    if d == NONE {
+                        NONE
+                    } else {
+                        runs[d as usize].end().min(x) - 1
+                    }
+                };
+                [
+                    if x > r.lv { x - 1 } else { left(before) },
+                    if x > r.lv && !r.deleted() {
+                        x - 1
+                    } else {
+                        left(visible_before)
+                    },
+                    if after == NONE {
+                        NONE
+                    } else {
+                        runs[after as usize].lv
+                    },
+                    after,
+                ]
+            })
+            .collect()
     }
 }
 
