@@ -35,40 +35,44 @@ impl Tree {
             ..Leaf::root()
         };
         let mut leaf = fresh(runs.len(), text.len());
-        let mut rest = text;
+        // The current leaf's text is `text[start..at]`, copied in once
+        // when the leaf is done (runs are mostly a few characters).
+        let (mut start, mut at) = (0, 0);
         // Checked once: in ASCII text a character is a byte.
         let ascii = text.is_ascii();
-        let flush = |tree: &mut Tree, leaf: &mut Leaf, next: Leaf| {
+        let flush = |tree: &mut Tree, leaf: &mut Leaf, own: &str, next: Leaf| {
             let id = tree.leaves.len() as u32;
             let mut done = std::mem::replace(leaf, next);
+            done.text.push_str(own);
             done.prev = if id == 0 { NONE } else { id - 1 };
             done.next = NONE;
             if id > 0 {
                 tree.leaves[id as usize - 1].next = id;
             }
-            done.utf16 = utf16_len(&done.text);
+            done.utf16 = if ascii { own.len() } else { utf16_len(own) };
             tree.leaves.push(done);
         };
         for (i, &run) in runs.iter().enumerate() {
             let mut run = run;
             loop {
-                if leaf.runs.len() >= FILL_RUNS || leaf.text.len() >= FILL_BYTES {
-                    flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
+                if leaf.runs.len() >= FILL_RUNS || at - start >= FILL_BYTES {
+                    let next = fresh(runs.len() - i, text.len() - at);
+                    flush(&mut tree, &mut leaf, &text[start..at], next);
+                    start = at;
                 }
                 if run.deleted() {
                     leaf.runs.push(run);
                     break;
                 }
-                let room = FILL_BYTES - leaf.text.len();
+                let room = FILL_BYTES - (at - start);
                 let (chars, bytes) = if ascii {
                     let n = (run.len() as usize).min(room);
                     (n, n)
                 } else {
-                    take_chars(rest, run.len() as usize, room)
+                    take_chars(&text[at..], run.len() as usize, room)
                 };
-                leaf.text.push_str(&rest[..bytes]);
                 leaf.chars += chars;
-                rest = &rest[bytes..];
+                at += bytes;
                 let chars = chars as u32;
                 if chars == run.len() {
                     leaf.runs.push(run);
@@ -77,11 +81,13 @@ impl Tree {
                 let (head, tail) = run.split(chars);
                 leaf.runs.push(head);
                 run = tail;
-                flush(&mut tree, &mut leaf, fresh(runs.len() - i, rest.len()));
+                let next = fresh(runs.len() - i, text.len() - at);
+                flush(&mut tree, &mut leaf, &text[start..at], next);
+                start = at;
             }
         }
         if !leaf.runs.is_empty() {
-            flush(&mut tree, &mut leaf, Leaf::default());
+            flush(&mut tree, &mut leaf, &text[start..at], Leaf::default());
         }
         // Internal nodes, level by level, children spread evenly.
         let mut level: Vec<(u32, Metrics)> = tree
