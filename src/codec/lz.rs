@@ -310,26 +310,30 @@ fn expand<'a>(
     min: usize,
     most: usize,
 ) -> Result<Vec<u8>, &'static str> {
-    let mut out = Vec::with_capacity(n);
+    // The output, with a margin that copies write past their end into.
+    let mut out = vec![0u8; n + WILD];
+    let mut at = 0;
     let mut tokens: Vec<[u32; 3]> = Vec::with_capacity(most);
     loop {
         let literals = read.literals().map_err(|_| "tokens cut short")?;
-        if literals.len() > n - out.len() {
+        if literals.len() > n - at {
             return Err("compressed bytes longer than declared");
         }
-        out.extend_from_slice(literals);
-        if out.len() == n {
+        out[at..at + literals.len()].copy_from_slice(literals);
+        at += literals.len();
+        if at == n {
             tokens.push([literals.len() as u32, 0, 0]);
             break;
         }
         let (distance, len) = read.copy().map_err(|_| "tokens cut short")?;
-        copy_within(&mut out, distance, len, n)?;
+        at = copy_back(&mut out, at, distance, len, n)?;
         // Both fit: a copy is at most MAX_COPY long, from inside `out`.
         tokens.push([literals.len() as u32, distance as u32, len as u32]);
     }
     if !read.done() {
         return Err("compressed tokens longer than their output");
     }
+    out.truncate(n);
     if canonical(&out, &tokens, min) {
         Ok(out)
     } else {
@@ -370,26 +374,40 @@ pub(crate) fn read(dec: &mut Decoder<'_>) -> Result<Vec<u8>, DecodeError> {
     expand(tokens, n, MIN_COPY, counts.len()).map_err(invalid)
 }
 
-/// Appends the copy of `len` bytes from `distance` back to `out`, which
-/// must stay at most `n` bytes long.
-fn copy_within(out: &mut Vec<u8>, distance: u64, len: u64, n: usize) -> Result<(), &'static str> {
+/// Bytes past the output's end that [`copy_back`] may write.
+const WILD: usize = 16;
+
+/// Writes the copy of `len` bytes from `distance` back at `at` in `out`
+/// (`n` bytes of output, then [`WILD`] spare), which must stay within the
+/// `n`; returns where the copy ends. A copy from at least [`WILD`] bytes
+/// back goes [`WILD`] bytes at a time, its last piece writing past its end
+/// (what the next token writes there replaces it).
+fn copy_back(
+    out: &mut [u8],
+    at: usize,
+    distance: u64,
+    len: u64,
+    n: usize,
+) -> Result<usize, &'static str> {
     let start = usize::try_from(distance)
         .ok()
-        .filter(|&d| d >= 1 && d <= out.len())
-        .map(|d| out.len() - d)
+        .filter(|&d| d >= 1 && d <= at)
+        .map(|d| at - d)
         .ok_or("copy from before the start")?;
     let len = usize::try_from(len)
         .ok()
-        .filter(|&l| l <= MAX_COPY && l <= n - out.len())
+        .filter(|&l| l <= MAX_COPY && l <= n - at)
         .ok_or("copy too long")?;
-    if start + len <= out.len() {
-        out.extend_from_within(start..start + len);
+    if at - start >= WILD {
+        for k in (0..len).step_by(WILD) {
+            out.copy_within(start + k..start + k + WILD, at + k);
+        }
     } else {
         for k in 0..len {
-            out.push(out[start + k]);
+            out[at + k] = out[start + k];
         }
     }
-    Ok(())
+    Ok(at + len)
 }
 
 /// Reads a string compressed in format version 2, whose tokens were
