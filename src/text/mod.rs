@@ -225,21 +225,21 @@
 //! crate's `report` command):
 //!
 //! - local editing with [`Text::replace`] (the history peers sync from,
-//!   no op built) costs 0.67–0.93× what diamond-types costs
-//!   (`automerge-paper`, 260k patches, in about 14 ms); with
+//!   no op built) costs 0.70–0.97× what diamond-types costs
+//!   (`automerge-paper`, 260k patches, in about 12 ms); with
 //!   [`Text::insert`] and [`Text::delete`] returning each edit's op,
-//!   0.87–1.24×; about 8× (loro) to over 100× (yrs, automerge) faster
-//!   than the other CRDTs; 1.4–2.1× a plain rope (jumprope). Text that is
+//!   0.88–1.23×; about 8× (loro) to over 100× (yrs, automerge) faster
+//!   than the other CRDTs; 1.4–1.9× a plain rope (jumprope). Text that is
 //!   not ASCII costs little more: a leaf counts characters to byte
 //!   offsets eight bytes at a time, from where its last edit was;
 //! - a replica keeps 0.28–0.42× the heap of diamond-types (0.29–0.48×
 //!   once a remote op has built the index from local versions to leaves)
 //!   and 0.14–0.30× that of cola, loro and yrs;
 //! - loading a document is a linear scan that integrates nothing
-//!   (`snapshot.rs`): 0.95–1.10× diamond-types, faster than cola, loro,
+//!   (`snapshot.rs`): 0.83–0.90× diamond-types, faster than cola, loro,
 //!   yrs and automerge; a blank replica merging a whole history by value
 //!   ([`Merge::merge_owned`](crate::Merge::merge_owned)) loads it and
-//!   moves it in (0.95–1.11×); encoding costs 1.14–1.37×;
+//!   moves it in (0.84–0.98×); encoding costs 1.05–1.19×;
 //! - the encoding is 0.69–0.91× diamond-types' size, smaller than yrs',
 //!   loro's, cola's and automerge's.
 
