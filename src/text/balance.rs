@@ -8,7 +8,7 @@
 use std::cell::Cell;
 
 use super::index::LeafIndex;
-use super::leaf::{Leaf, MAX_BYTES, MAX_RUNS, Run, char_len, utf16_len};
+use super::leaf::{Leaf, MAX_BYTES, MAX_RUNS, Run, char_len, utf16_len, utf16_len_of};
 use super::tree::{FANOUT, Metrics, Node, Tree, visible_index_from};
 use super::{NONE, reserve_lean};
 
@@ -49,7 +49,7 @@ impl Tree {
             if id > 0 {
                 tree.leaves[id as usize - 1].next = id;
             }
-            done.utf16 = if ascii { own.len() } else { utf16_len(own) };
+            done.utf16 = utf16_len_of(own, done.chars);
             tree.leaves.push(done);
         };
         for (i, &run) in runs.iter().enumerate() {
@@ -233,9 +233,10 @@ impl Tree {
         let text = leaf.text.split_off(byte);
         leaf.mark.set((chars as u32, byte as u32));
         leaf.text.shrink_to(leaf.text.len() + 64);
+        let right_chars = leaf.chars - chars;
         let right = Leaf {
-            chars: char_len(&text),
-            utf16: utf16_len(&text),
+            chars: right_chars,
+            utf16: utf16_len_of(&text, right_chars),
             runs,
             text,
             parent: leaf.parent,

@@ -241,7 +241,7 @@ pub(crate) fn utf16_len_of(s: &str, chars: usize) -> usize {
     if s.len() == chars {
         chars
     } else {
-        utf16_len(s)
+        chars + s.bytes().filter(|&b| b >= 0xF0).count()
     }
 }
 
