@@ -8,7 +8,8 @@
 //! `partition` (a single writer per key against locks, and the partition
 //! log against its raw transactions; `partition log` runs only the latter),
 //! `text` (the traces, then the concurrent scenarios; the filter picks
-//! traces and scenarios whose name contains it, `B2` say); `report` runs
+//! traces and scenarios whose name contains it, `B2` say, and `cjk`
+//! replays the traces with their letters as CJK characters); `report` runs
 //! them all and writes `BENCHMARKS.md` (`report text` reruns one suite and
 //! replaces only its section).
 

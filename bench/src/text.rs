@@ -59,9 +59,30 @@ pub struct Trace {
     end: String,
 }
 
+/// The filter that replays every trace with its ASCII letters as CJK
+/// characters (three bytes each in UTF-8): text that is not ASCII.
+const CJK: &str = "cjk";
+
+/// `s` with each ASCII letter mapped to a CJK character.
+fn letters_as_cjk(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphabetic() {
+                char::from_u32(0x4E00 + c as u32).unwrap_or(c)
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// Reads every sequential trace (and converts positions to bytes by
-/// replaying on a rope, untimed).
+/// replaying on a rope, untimed); with the filter [`CJK`], every trace
+/// with its letters as CJK characters.
 fn traces(filter: Option<&str>) -> Vec<Trace> {
+    let cjk = filter == Some(CJK);
+    let filter = filter.filter(|_| !cjk);
+    let text = |s: &str| if cjk { letters_as_cjk(s) } else { s.to_owned() };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/traces");
     let mut files = Vec::new();
     for sub in ["sequential", "sequential/ascii_only"] {
@@ -81,7 +102,8 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
                 .unwrap_or(&path)
                 .to_string_lossy()
                 .replace("sequential/", "")
-                .replace(".json.gz", "");
+                .replace(".json.gz", "")
+                + if cjk { " (letters as CJK)" } else { "" };
             if filter.is_some_and(|f| !name.contains(f)) {
                 return None;
             }
@@ -97,7 +119,7 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
                 for p in txn["patches"].as_array().expect("patches") {
                     let pos = p[0].as_u64().expect("pos") as usize;
                     let del = p[1].as_u64().expect("del") as usize;
-                    let ins = p[2].as_str().expect("ins").to_owned();
+                    let ins = text(p[2].as_str().expect("ins"));
                     let pos8 = rope.char_to_byte(pos);
                     let del8 = rope.char_to_byte(pos + del) - pos8;
                     rope.remove(pos..pos + del);
@@ -112,7 +134,7 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
                     });
                 }
             }
-            let end = v["endContent"].as_str().expect("endContent").to_owned();
+            let end = text(v["endContent"].as_str().expect("endContent"));
             assert_eq!(rope.to_string(), end, "{name}: trace does not replay");
             Some(Trace { name, patches, end })
         })
