@@ -35,9 +35,17 @@ const MAX_LEN: u32 = 12;
 /// Code lengths per byte value (0: the value does not occur).
 type Lengths = [u8; 256];
 
-/// How often each byte value occurs in `input` (four tables, so that
-/// runs of one value do not wait on one counter).
+/// How often each byte value occurs in `input` (a long one in four
+/// tables, so that runs of one value do not wait on one counter; clearing
+/// them costs more than that saves on a short one).
 fn counts(input: &[u8]) -> [u32; 256] {
+    if input.len() < 1024 {
+        let mut c = [0u32; 256];
+        for &b in input {
+            c[usize::from(b)] += 1;
+        }
+        return c;
+    }
     let mut c = [[0u32; 256]; 4];
     let mut quads = input.chunks_exact(4);
     for q in &mut quads {
@@ -56,36 +64,29 @@ fn counts(input: &[u8]) -> [u32; 256] {
 fn lengths(counts: &[u32; 256]) -> Lengths {
     let mut len = [0u8; 256];
     // The byte values that occur, rarest first (sorted as count << 8 | b).
-    let mut keys = [0u64; 256];
-    let mut n = 0;
-    for (b, &c) in counts.iter().enumerate() {
-        if c > 0 {
-            keys[n] = u64::from(c) << 8 | b as u64;
-            n += 1;
-        }
-    }
-    let keys = &mut keys[..n];
+    // Sized by how many occur: a short block uses a few values, and
+    // clearing tables for all 256 cost more than the rest.
+    let mut keys: Vec<u64> = counts
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c > 0)
+        .map(|(b, &c)| u64::from(c) << 8 | b as u64)
+        .collect();
     keys.sort_unstable();
-    let mut leaves = [0u8; 256];
-    for (leaf, &k) in leaves.iter_mut().zip(keys.iter()) {
-        *leaf = k as u8;
-    }
-    let leaves = &leaves[..n];
-    match leaves {
+    let n = keys.len();
+    match keys[..] {
         [] => return len,
-        &[only] => {
-            len[usize::from(only)] = 1;
+        [only] => {
+            len[usize::from(only as u8)] = 1;
             return len;
         }
         _ => {}
     }
     // Two-queue Huffman: leaves in order of weight, and internal nodes,
     // which are made in order of weight; each node remembers its parent.
-    let mut weight = [0u64; 511];
-    for (w, &k) in weight.iter_mut().zip(keys.iter()) {
-        *w = k >> 8;
-    }
-    let mut parent = [0u16; 511];
+    let mut weight: Vec<u64> = Vec::with_capacity(2 * n - 1);
+    weight.extend(keys.iter().map(|k| k >> 8));
+    let mut parent = vec![0u16; 2 * n - 1];
     let (mut leaf, mut node) = (0, n);
     for made in n..2 * n - 1 {
         let mut kids = [0usize; 2];
@@ -98,19 +99,20 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
                 node += 1;
             }
         }
-        weight[made] = weight[kids[0]] + weight[kids[1]];
+        weight.push(weight[kids[0]] + weight[kids[1]]);
         parent[kids[0]] = made as u16;
         parent[kids[1]] = made as u16;
     }
     // Depths from the root (the last node) down: parents come later.
-    let mut depth = [0u8; 511];
+    let mut depth = vec![0u8; 2 * n - 1];
     for i in (0..2 * n - 2).rev() {
         depth[i] = depth[usize::from(parent[i])] + 1;
     }
-    for (&d, &b) in depth.iter().zip(leaves) {
+    let leaves: Vec<u8> = keys.iter().map(|&k| k as u8).collect();
+    for (&d, &b) in depth.iter().zip(&leaves) {
         len[usize::from(b)] = d.min(MAX_LEN as u8);
     }
-    limit(&mut len, leaves);
+    limit(&mut len, &leaves);
     len
 }
 
@@ -148,28 +150,32 @@ fn limit(len: &mut Lengths, rarest_first: &[u8]) {
 }
 
 /// The canonical codes of `len`, bit-reversed for writing least
-/// significant bit first.
-fn codes(len: &Lengths) -> [u16; 256] {
-    let mut per_len = [0u16; MAX_LEN as usize + 2];
-    for &l in len {
-        per_len[usize::from(l)] += 1;
+/// significant bit first; `values` are the byte values with a code, in
+/// increasing order.
+fn codes(len: &Lengths, values: &[u8]) -> [u16; 256] {
+    let mut per_len = [0u16; MAX_LEN as usize + 1];
+    for &b in values {
+        per_len[usize::from(len[usize::from(b)])] += 1;
     }
-    per_len[0] = 0;
-    let mut next = [0u16; MAX_LEN as usize + 2];
+    let mut next = [0u16; MAX_LEN as usize + 1];
     let mut code = 0u16;
     for l in 1..=MAX_LEN as usize {
         code = (code + per_len[l - 1]) << 1;
         next[l] = code;
     }
     let mut out = [0u16; 256];
-    for (b, &l) in len.iter().enumerate() {
-        if l > 0 {
-            let c = next[usize::from(l)];
-            next[usize::from(l)] += 1;
-            out[b] = c.reverse_bits() >> (16 - u32::from(l));
-        }
+    for &b in values {
+        let l = len[usize::from(b)];
+        let c = next[usize::from(l)];
+        next[usize::from(l)] += 1;
+        out[usize::from(b)] = c.reverse_bits() >> (16 - u32::from(l));
     }
     out
+}
+
+/// The byte values with a code under `len`, in increasing order.
+fn coded_values(len: &Lengths) -> Vec<u8> {
+    (0..=u8::MAX).filter(|&b| len[usize::from(b)] > 0).collect()
 }
 
 /// The bytes the code takes (see the module docs).
@@ -195,6 +201,11 @@ fn varint_len(v: u64) -> usize {
 /// chains of table lookups at once.
 const STREAMS: usize = 4;
 
+/// The fewest bytes a coded block takes: the code (how many values, one
+/// value, its length) and each stream's length. A block no longer than
+/// this is never coded.
+const MIN_CODED: usize = 3 + STREAMS;
+
 /// How many bits each stream takes for `input` under `len`.
 fn stream_bits(input: &[u8], len: &Lengths) -> [u64; STREAMS] {
     let mut bits = [0u64; STREAMS];
@@ -213,8 +224,8 @@ fn coded_size(len: &Lengths, bytes: impl Iterator<Item = usize>) -> usize {
 }
 
 /// `input` coded under `len`, dealt to the streams.
-fn encode(input: &[u8], len: &Lengths) -> [Vec<u8>; STREAMS] {
-    let code = codes(len);
+fn encode(input: &[u8], len: &Lengths, values: &[u8]) -> [Vec<u8>; STREAMS] {
+    let code = codes(len, values);
     // Code and length in one word: one load per byte.
     let entry: [u32; 256] = std::array::from_fn(|b| u32::from(code[b]) | u32::from(len[b]) << 16);
     std::array::from_fn(|s| {
@@ -238,7 +249,8 @@ fn encode(input: &[u8], len: &Lengths) -> [Vec<u8>; STREAMS] {
 /// Writes `input` as one block (see the module docs).
 pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     let len = lengths(&counts(input));
-    let streams = (!input.is_empty()).then(|| encode(input, &len));
+    let values = coded_values(&len);
+    let streams = (!input.is_empty()).then(|| encode(input, &len, &values));
     let Some(streams) = streams.filter(|s| coded_size(&len, s.iter().map(Vec::len)) < input.len())
     else {
         enc.varint((input.len() as u64) << 1);
@@ -246,16 +258,15 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
         return;
     };
     enc.varint((input.len() as u64) << 1 | 1);
-    let used: Vec<usize> = (0..256).filter(|&b| len[b] > 0).collect();
-    enc.length(used.len());
+    enc.length(values.len());
     let mut prev = -1i32;
-    for &b in &used {
-        enc.varint((b as i32 - prev - 1) as u64);
-        prev = b as i32;
+    for &b in &values {
+        enc.varint((i32::from(b) - prev - 1) as u64);
+        prev = i32::from(b);
     }
-    for pair in used.chunks(2) {
-        let high = pair.get(1).map_or(0, |&b| len[b] << 4);
-        enc.byte(len[pair[0]] | high);
+    for pair in values.chunks(2) {
+        let high = pair.get(1).map_or(0, |&b| len[usize::from(b)] << 4);
+        enc.byte(len[usize::from(pair[0])] | high);
     }
     for s in &streams {
         enc.bytes(s);
@@ -271,10 +282,12 @@ pub(crate) fn read_into(dec: &mut Decoder<'_>, out: &mut Vec<u8>) -> Result<usiz
     let n = usize::try_from(head >> 1).map_err(|_| invalid("block too long"))?;
     if head & 1 == 0 {
         let plain = dec.raw(n)?;
-        let len = lengths(&counts(plain));
-        let bits = stream_bits(plain, &len);
-        if n > 0 && coded_size(&len, bits.iter().map(|b| b.div_ceil(8) as usize)) < n {
-            return Err(invalid("block not coded where coding is shorter"));
+        if n > MIN_CODED {
+            let len = lengths(&counts(plain));
+            let bits = stream_bits(plain, &len);
+            if coded_size(&len, bits.iter().map(|b| b.div_ceil(8) as usize)) < n {
+                return Err(invalid("block not coded where coding is shorter"));
+            }
         }
         out.extend_from_slice(plain);
         return Ok(n);
@@ -323,7 +336,7 @@ pub(crate) fn read_into(dec: &mut Decoder<'_>, out: &mut Vec<u8>) -> Result<usiz
     }
     let start = out.len();
     out.resize(start + n, 0);
-    let decoded = decode(&len, streams, &mut out[start..]);
+    let decoded = decode(&len, &values, streams, &mut out[start..]);
     // Canonical: the code is the one the counts give, coding was the
     // shorter choice, and each stream ends in its last byte.
     let canonical = decoded.is_some()
@@ -382,8 +395,8 @@ impl<'a> Bits<'a> {
 
     /// The next byte, or `None` at an unused code or past the end.
     #[inline]
-    fn take(&mut self, table: &[u16; TABLE], mask: usize) -> Option<u8> {
-        let entry = table[(self.acc as usize) & mask & (TABLE - 1)];
+    fn take(&mut self, table: &[u16], mask: usize) -> Option<u8> {
+        let entry = table[(self.acc as usize) & mask];
         let l = u32::from(entry >> 8);
         if l > self.have {
             return None;
@@ -401,25 +414,26 @@ impl<'a> Bits<'a> {
     }
 }
 
-/// Entries in the decoding table: one per [`MAX_LEN`]-bit string.
-const TABLE: usize = 1 << MAX_LEN;
-
 /// Decodes `out.len()` bytes from `streams` under the code `len`, or
 /// `None` if the bits hold an unused code, run short, or do not end in
 /// their last byte with zero padding.
-fn decode(len: &Lengths, streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()> {
-    let code = codes(len);
+fn decode(len: &Lengths, values: &[u8], streams: [&[u8]; STREAMS], out: &mut [u8]) -> Option<()> {
+    let code = codes(len, values);
     // Entry: the byte value and its code length (past any bit count
     // where no code is there), at every index whose low bits are a code;
-    // only as many index bits as the longest code are filled and used.
-    let width = len.iter().max().copied().unwrap_or(0);
+    // indexed by as many bits as the longest code has (a table of 256
+    // entries for most text, not the 4096 of the longest codes).
+    let width = values
+        .iter()
+        .map(|&b| len[usize::from(b)])
+        .max()
+        .unwrap_or(0);
     let used = 1usize << width;
-    let mut table = [u16::MAX; TABLE];
-    for (b, &l) in len.iter().enumerate() {
-        if l > 0 {
-            for i in (usize::from(code[b])..used).step_by(1 << l) {
-                table[i] = b as u16 | u16::from(l) << 8;
-            }
+    let mut table = vec![u16::MAX; used];
+    for &b in values {
+        let l = len[usize::from(b)];
+        for i in (usize::from(code[usize::from(b)])..used).step_by(1 << l) {
+            table[i] = u16::from(b) | u16::from(l) << 8;
         }
     }
     let mask = used - 1;
@@ -515,6 +529,20 @@ mod tests {
         plain.varint(1000 << 1);
         plain.raw(&[7; 1000]);
         assert!(read_all(&plain.into_bytes()).is_err());
+        // Short blocks: plain is accepted exactly when the writer leaves
+        // it plain (one value repeated is coded from 12 bytes on).
+        for n in 0..40 {
+            let input = vec![7; n];
+            let mut plain = Encoder::new();
+            plain.varint((n as u64) << 1);
+            plain.raw(&input);
+            let plain = plain.into_bytes();
+            let mut written = Encoder::new();
+            write(&mut written, &input);
+            let kept_plain = written.into_bytes() == plain;
+            assert_eq!(kept_plain, n < 12, "{n} bytes");
+            assert_eq!(read_all(&plain).is_ok(), kept_plain, "{n} bytes");
+        }
         // "aab" coded: a = 0 (one bit), b = 1.
         let block = |n: u64, lens: u8, bits: &[u8]| {
             let mut enc = Encoder::new();

@@ -55,6 +55,12 @@ fn word(input: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
+/// The eight bytes of `input` from `at` (`at + 8 <= input.len()`), as
+/// one little-endian word.
+fn word8(input: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
 fn hash(word: u32, bits: u32) -> usize {
     (word.wrapping_mul(2_654_435_761) >> (32 - bits)) as usize
 }
@@ -64,8 +70,7 @@ fn hash(word: u32, bits: u32) -> usize {
 fn common(input: &[u8], a: usize, b: usize, max: usize) -> usize {
     let mut len = 0;
     while len + 8 <= max {
-        let x = u64::from_le_bytes(input[a + len..a + len + 8].try_into().unwrap_or([0; 8]));
-        let y = u64::from_le_bytes(input[b + len..b + len + 8].try_into().unwrap_or([0; 8]));
+        let (x, y) = (word8(input, a + len), word8(input, b + len));
         if x != y {
             return len + ((x ^ y).trailing_zeros() / 8) as usize;
         }
@@ -237,6 +242,52 @@ impl<'a> Source<'a> for Plain<'a> {
     }
 }
 
+/// Whether the compressor, passing the places `at` (each before the
+/// input's last three bytes) without a copy, would have started one at
+/// any of them with copies of at least `min` (at most 8) bytes; enters
+/// each place in `table` as it does. Without branching: in text a slot
+/// often holds a place whose first four bytes agree and whose fifth does
+/// not, which a branch would mispredict. Where eight bytes can be read,
+/// the `min` bytes at both places are compared as one masked word.
+fn would_copy(
+    input: &[u8],
+    table: &mut [u32],
+    bits: u32,
+    at: std::ops::Range<usize>,
+    min: usize,
+) -> bool {
+    let n = input.len();
+    let mask = u64::MAX >> (64 - 8 * min);
+    let wide = at.end.min(n.saturating_sub(7)).max(at.start);
+    let mut found = false;
+    for p in at.start..wide {
+        let w = word8(input, p);
+        let candidate = std::mem::replace(&mut table[hash(w as u32, bits)], p as u32);
+        // An empty slot reads `p` itself, masked out below.
+        let c = if candidate == u32::MAX {
+            p
+        } else {
+            candidate as usize
+        };
+        found |= (candidate != u32::MAX) & ((word8(input, c) ^ w) & mask == 0);
+    }
+    for p in wide..at.end {
+        let w = word(input, p);
+        let candidate = std::mem::replace(&mut table[hash(w, bits)], p as u32);
+        let c = if candidate == u32::MAX {
+            p
+        } else {
+            candidate as usize
+        };
+        let mut same = word(input, c) == w;
+        for k in 4..min {
+            same &= input[(c + k).min(n - 1)] == input[(p + k).min(n - 1)];
+        }
+        found |= (candidate != u32::MAX) & (n - p >= min) & same;
+    }
+    found
+}
+
 /// Whether `tokens` (each its literal count, distance and copy length,
 /// 0 and 0 for the last) are exactly those [`compress`] makes of `input`
 /// with copies of at least `min` bytes. It replays the compressor's hash
@@ -255,25 +306,7 @@ fn canonical(input: &[u8], tokens: &[[u32; 3]], min: usize) -> bool {
     for (t, &[count, distance, len]) in tokens.iter().enumerate() {
         let (start, count, distance, len) = (i, count as usize, distance as usize, len as usize);
         let copy = start + count;
-        let mut would_copy = false;
-        for p in start..copy.min(last) {
-            let w = word(input, p);
-            let h = hash(w, bits);
-            let candidate = table[h];
-            table[h] = p as u32;
-            // An empty slot reads `p` itself, masked out below.
-            let c = if candidate == u32::MAX {
-                p
-            } else {
-                candidate as usize
-            };
-            let mut same = word(input, c) == w;
-            for k in 4..min {
-                same &= input[(c + k).min(n - 1)] == input[(p + k).min(n - 1)];
-            }
-            would_copy |= (candidate != u32::MAX) & (n - p >= min) & same;
-        }
-        if would_copy {
+        if would_copy(input, &mut table, bits, start..copy.min(last), min) {
             return false;
         }
         if len == 0 {
