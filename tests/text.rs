@@ -608,6 +608,33 @@ fn a_character_deleted_before_its_delete_arrives_round_trips() {
     assert_eq!(b, a);
 }
 
+/// A decoded document edits as a random replica of its own, the same on
+/// every edit, never the encoder's; a blank replica that merges it keeps
+/// its own id.
+#[test]
+fn a_decoded_document_edits_as_a_new_replica() {
+    let mut a = Text::new(r(1));
+    a.insert(0, "abc").unwrap();
+    let bytes = codec::to_bytes(&a);
+    let mut b: Text = codec::from_bytes(&bytes).expect("decodes");
+    let mut c: Text = codec::from_bytes(&bytes).expect("decodes");
+    let op = b.insert(3, "d").unwrap();
+    assert_eq!(op.replica(), b.replica());
+    assert_eq!(b.insert(4, "e").unwrap().replica(), b.replica());
+    assert_ne!(b.replica(), r(1));
+    let other = c.insert(0, "x").unwrap();
+    assert_ne!(other.replica(), b.replica());
+    let mut blank = Text::new(r(9));
+    blank.merge_owned(codec::from_bytes(&bytes).expect("decodes"));
+    assert_eq!(blank.replica(), r(9));
+    assert_eq!(blank.insert(0, "y").unwrap().replica(), r(9));
+    a.apply(&op).unwrap();
+    a.apply(&other).unwrap();
+    c.apply(&op).unwrap();
+    assert_eq!(a.to_string(), "xabcd");
+    assert_eq!(a, c);
+}
+
 /// Ops round-trip through the codec; truncated ops are errors.
 #[test]
 fn ops_round_trip() {

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use super::error::TextError;
 use super::history::History;
@@ -45,8 +46,10 @@ use crate::causal::{Dot, ReplicaId};
 /// under one id produce clashing ids and diverge. Use [`fork`](Text::fork)
 /// to start a new replica from an existing document.
 ///
-/// `Text` is `Send + Sync` and has no internal locks. Its serde form is its
-/// [`codec`](crate::codec) bytes, checked the same way on the way in.
+/// `Text` is `Send + Sync` and has no internal locks (a document made
+/// without a replica id draws one once, through a `OnceLock`). Its serde
+/// form is its [`codec`](crate::codec) bytes, checked the same way on the
+/// way in.
 ///
 /// # Performance
 ///
@@ -88,8 +91,11 @@ use crate::causal::{Dot, ReplicaId};
 #[derive(Clone)]
 pub struct Text {
     /// The replica local edits are made as. Not part of the state: two
-    /// replicas with the same edits are equal whatever their ids.
-    pub(crate) replica: ReplicaId,
+    /// replicas with the same edits are equal whatever their ids. Drawn
+    /// at random when first needed by a document made without one (a
+    /// decoded document that is only merged never needs one, and drawing
+    /// one from the OS costs more than decoding a short text).
+    pub(crate) replica: OnceLock<ReplicaId>,
     /// Every item in document order, with the visible text.
     pub(crate) tree: Tree,
     /// Ids, origins and deletions of every item, by local version.
@@ -116,15 +122,22 @@ pub struct Text {
 }
 
 impl Default for Text {
-    /// An empty document with a random replica id ([`ReplicaId::random`]).
+    /// An empty document with a random replica id ([`ReplicaId::random`],
+    /// drawn when first needed).
     fn default() -> Self {
-        Self::new(ReplicaId::random())
+        Self::with_replica(OnceLock::new())
     }
 }
 
 impl Text {
     /// Creates an empty document edited as `replica`.
     pub fn new(replica: ReplicaId) -> Self {
+        Self::with_replica(OnceLock::from(replica))
+    }
+
+    /// An empty document edited as `replica`, or as a random replica
+    /// drawn when first needed if it holds none.
+    pub(crate) fn with_replica(replica: OnceLock<ReplicaId>) -> Self {
         Self {
             replica,
             tree: Tree::default(),
@@ -143,13 +156,15 @@ impl Text {
     /// `replica` must differ from every other live replica's.
     pub fn fork(&self, replica: ReplicaId) -> Self {
         let mut copy = self.clone();
-        copy.replica = replica;
+        copy.replica = OnceLock::from(replica);
         copy
     }
 
-    /// The replica local edits are made as.
+    /// The replica local edits are made as. A document made without one
+    /// ([`Default`], or decoded from bytes) draws a random id
+    /// ([`ReplicaId::random`]) the first time it needs one, and keeps it.
     pub fn replica(&self) -> ReplicaId {
-        self.replica
+        *self.replica.get_or_init(ReplicaId::random)
     }
 
     /// Number of characters (Unicode scalar values).
@@ -223,7 +238,7 @@ impl Text {
         // Built in one expression, where it is returned: a copy of a value
         // just written in small pieces stalls on reading them back.
         Ok(TextOp {
-            id: Dot::new(self.replica, counter),
+            id: Dot::new(self.replica(), counter),
             kind: OpKind::Insert(Insertion {
                 origin_left,
                 origin_right,
@@ -265,7 +280,7 @@ impl Text {
         let mut targets = Targets::default();
         self.delete_at(range, counter, Some(&mut targets));
         Ok(TextOp {
-            id: Dot::new(self.replica, counter),
+            id: Dot::new(self.replica(), counter),
             kind: OpKind::Delete(targets),
         })
     }
@@ -385,8 +400,8 @@ impl Text {
     /// within [`MAX_COUNTER`].
     fn next_counter(&self, n: usize) -> Result<u64, TextError> {
         let known = match self.history.agents.get(self.local as usize) {
-            Some(a) if a.id == self.replica => a.known,
-            _ => self.history.known(self.replica),
+            Some(a) if a.id == self.replica() => a.known,
+            _ => self.history.known(self.replica()),
         };
         if known.saturating_add(n as u64) > MAX_COUNTER {
             return Err(TextError::CountersExhausted { max: MAX_COUNTER });
@@ -397,9 +412,9 @@ impl Text {
     /// This replica's agent index, adding it to the history if new.
     fn local_agent(&mut self) -> u32 {
         match self.history.agents.get(self.local as usize) {
-            Some(a) if a.id == self.replica => self.local,
+            Some(a) if a.id == self.replica() => self.local,
             _ => {
-                self.local = self.history.intern(self.replica);
+                self.local = self.history.intern(self.replica());
                 self.local
             }
         }
@@ -653,7 +668,7 @@ impl fmt::Debug for Text {
             .map(|a| (a.id, a.known))
             .collect();
         f.debug_struct("Text")
-            .field("replica", &self.replica)
+            .field("replica", &self.replica.get())
             .field("text", &self.to_string())
             .field("version", &version)
             .field("items", &items)

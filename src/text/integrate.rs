@@ -1,6 +1,8 @@
 //! Remote edits: placing a remote insertion (the ordering rule), applying
 //! ops, buffering ops that arrive early, and merge and delta sync on top.
 
+use std::sync::OnceLock;
+
 use super::document::Text;
 use super::error::TextError;
 use super::history::{DeleteEntry, Lookup};
@@ -628,7 +630,7 @@ impl Text {
 
     /// Becomes `other` (this replica blank), keeping its own replica id.
     fn adopt(&mut self, other: Self) {
-        let replica = self.replica;
+        let replica = std::mem::take(&mut self.replica);
         *self = other;
         self.replica = replica;
         // A delta is all buffered ops: apply what now can be.
@@ -639,7 +641,7 @@ impl Text {
     /// which edits one state as several replicas in turn).
     #[cfg(feature = "testing")]
     pub(crate) fn set_replica(&mut self, replica: ReplicaId) {
-        self.replica = replica;
+        self.replica = OnceLock::from(replica);
     }
 }
 
@@ -691,7 +693,7 @@ impl DeltaMerge for Text {
         if self.history.agents.iter().all(|a| since.get(a.id) == 0) {
             return self.clone();
         }
-        let mut delta = Text::new(self.replica);
+        let mut delta = Text::with_replica(self.replica.clone());
         for op in self.ops_since(since) {
             delta.pending.push(op, 0);
         }
