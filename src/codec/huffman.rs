@@ -103,36 +103,36 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
         parent[kids[0]] = made as u16;
         parent[kids[1]] = made as u16;
     }
-    // Depths from the root (the last node) down: parents come later.
-    let mut depth = vec![0u8; 2 * n - 1];
+    // Depths from the root (the last node) down, each node's written over
+    // its parent's index once read: parents come later.
+    let depth = &mut parent;
+    depth[2 * n - 2] = 0;
     for i in (0..2 * n - 2).rev() {
-        depth[i] = depth[usize::from(parent[i])] + 1;
+        depth[i] = depth[usize::from(depth[i])] + 1;
     }
-    let leaves: Vec<u8> = keys.iter().map(|&k| k as u8).collect();
-    for (&d, &b) in depth.iter().zip(&leaves) {
-        len[usize::from(b)] = d.min(MAX_LEN as u8);
+    for (&d, &k) in depth.iter().zip(&keys) {
+        len[usize::from(k as u8)] = d.min(MAX_LEN as u16) as u8;
     }
-    limit(&mut len, &leaves);
+    limit(&mut len, &keys);
     len
 }
 
 /// Makes clamped lengths a complete prefix code again: while the Kraft
 /// sum is over one, lengthen the rarest code that can grow; then, while
-/// there is room, shorten the most frequent codes that fit.
-fn limit(len: &mut Lengths, rarest_first: &[u8]) {
+/// there is room, shorten the most frequent codes that fit. `keys` are
+/// the byte values in their low eight bits, rarest first.
+fn limit(len: &mut Lengths, keys: &[u64]) {
     let unit = |l: u8| 1u32 << (MAX_LEN - u32::from(l));
     let cap = 1u32 << MAX_LEN;
-    let mut kraft: u32 = rarest_first
-        .iter()
-        .map(|&b| unit(len[usize::from(b)]))
-        .sum();
+    let value = |k: u64| usize::from(k as u8);
+    let mut kraft: u32 = keys.iter().map(|&k| unit(len[value(k)])).sum();
     // The rarest code shorter than MAX_LEN only moves towards the more
     // frequent (a code at MAX_LEN stays there), so one cursor finds it.
     // While the sum is over one, some code is shorter than MAX_LEN: 256
     // codes of MAX_LEN bits sum to 1/16.
     let mut next = 0;
-    while kraft > cap && next < rarest_first.len() {
-        let l = &mut len[usize::from(rarest_first[next])];
+    while kraft > cap && next < keys.len() {
+        let l = &mut len[value(keys[next])];
         if u32::from(*l) == MAX_LEN {
             next += 1;
             continue;
@@ -140,8 +140,8 @@ fn limit(len: &mut Lengths, rarest_first: &[u8]) {
         kraft -= unit(*l + 1);
         *l += 1;
     }
-    for &b in rarest_first.iter().rev() {
-        let l = &mut len[usize::from(b)];
+    for &k in keys.iter().rev() {
+        let l = &mut len[value(k)];
         while *l > 1 && kraft + unit(*l) <= cap {
             kraft += unit(*l);
             *l -= 1;
