@@ -437,6 +437,8 @@ fn decode(len: &Lengths, values: &[u8], streams: [&[u8]; STREAMS], out: &mut [u8
         }
     }
     let mask = used - 1;
+    // As long as the mask allows, so indices masked by it need no check.
+    let table = &table[..=mask];
     let mut bits = streams.map(Bits::new);
     let mut chunks = out.chunks_exact_mut(4 * STREAMS);
     for chunk in &mut chunks {
@@ -445,7 +447,7 @@ fn decode(len: &Lengths, values: &[u8], streams: [&[u8]; STREAMS], out: &mut [u8
         }
         for k in 0..4 {
             for s in 0..STREAMS {
-                chunk[k * STREAMS + s] = bits[s].take(&table, mask)?;
+                chunk[k * STREAMS + s] = bits[s].take(table, mask)?;
             }
         }
     }
@@ -453,7 +455,7 @@ fn decode(len: &Lengths, values: &[u8], streams: [&[u8]; STREAMS], out: &mut [u8
         b.refill();
     }
     for (i, slot) in chunks.into_remainder().iter_mut().enumerate() {
-        *slot = bits[i % STREAMS].take(&table, mask)?;
+        *slot = bits[i % STREAMS].take(table, mask)?;
     }
     bits.iter().all(Bits::ended).then_some(())
 }
