@@ -260,8 +260,11 @@ fn would_copy(
     let mask = u64::MAX >> (64 - 8 * min);
     let wide = at.end.min(n.saturating_sub(7)).max(at.start);
     let mut found = false;
-    for p in at.start..wide {
-        let w = word8(input, p);
+    // Every eight bytes from each place before `wide` (none if `wide` is
+    // the start: the range may then reach past the end).
+    let eights = input.get(at.start..wide + 7).unwrap_or(&[]).windows(8);
+    for (p, eight) in (at.start..wide).zip(eights) {
+        let w = u64::from_le_bytes(eight.try_into().unwrap_or([0; 8]));
         let candidate = std::mem::replace(&mut table[hash(w as u32, bits)], p as u32);
         // An empty slot reads `p` itself, masked out below.
         let c = if candidate == u32::MAX {
