@@ -1,8 +1,6 @@
 //! Remote edits: placing a remote insertion (the ordering rule), applying
 //! ops, buffering ops that arrive early, and merge and delta sync on top.
 
-use std::sync::OnceLock;
-
 use super::document::Text;
 use super::error::TextError;
 use super::history::{DeleteEntry, Lookup};
@@ -641,7 +639,7 @@ impl Text {
     /// which edits one state as several replicas in turn).
     #[cfg(feature = "testing")]
     pub(crate) fn set_replica(&mut self, replica: ReplicaId) {
-        self.replica = OnceLock::from(replica);
+        self.replica = replica.into();
     }
 }
 
