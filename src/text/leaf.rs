@@ -229,10 +229,7 @@ impl Leaf {
 /// outside the Basic Multilingual Plane (exactly those whose UTF-8 form
 /// starts with a byte `>= 0xF0`).
 pub(crate) fn utf16_len(s: &str) -> usize {
-    if s.is_ascii() {
-        return s.len();
-    }
-    char_len(s) + s.bytes().filter(|&b| b >= 0xF0).count()
+    utf16_len_of(s, char_len(s))
 }
 
 /// [`utf16_len`] of `s`, which holds `chars` characters: `chars` without
