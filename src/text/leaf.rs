@@ -193,10 +193,11 @@ impl Leaf {
 
     /// The byte offset of the `chars`-th visible character of this leaf.
     ///
-    /// ASCII-only leaves (the common case: bytes == chars) answer in O(1);
-    /// others count characters eight bytes at a time from the nearest of
-    /// the leaf's ends and its mark (where the last edit was, so typing
-    /// on counts a few bytes), and move the mark here.
+    /// ASCII-only leaves (the common case: bytes == chars) answer in O(1),
+    /// and so does the mark (where the last edit was, so typing on counts
+    /// nothing); otherwise characters are counted a block of bytes at a
+    /// time from the nearest of the leaf's ends and its mark, and the mark
+    /// moves here.
     pub(crate) fn byte_of(&self, chars: usize) -> usize {
         if self.text.len() == self.chars {
             return chars;
@@ -204,6 +205,10 @@ impl Leaf {
         // Count from the nearest of the start, the mark and the end.
         let (mc, mb) = self.mark.get();
         let (mc, mb) = (mc as usize, mb as usize);
+        if chars == mc {
+            // Typing on where the last edit was.
+            return mb;
+        }
         let byte = if chars >= mc {
             if chars - mc <= self.chars - chars {
                 mb + byte_at(&self.text[mb..], chars - mc)
@@ -242,67 +247,129 @@ pub(crate) fn utf16_len_of(s: &str, chars: usize) -> usize {
     }
 }
 
-/// How many bytes of `word` start a character (are not `10xxxxxx`).
-fn starts_in(word: u64) -> u32 {
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    // A continuation byte has its top bit set and the next one clear.
-    let continuation = word & !(word << 1) & HIGH;
-    8 - continuation.count_ones()
-}
+/// The top bit of each byte of a word.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+/// The bottom bit of each byte of a word.
+const LOW: u64 = 0x0101_0101_0101_0101;
 
-/// The eight bytes of `bytes` from `at` (`at + 8 <= bytes.len()`), as one
-/// little-endian word.
-fn word_at(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
+/// Up to eight bytes as one little-endian word, the missing ones filled
+/// with `0x80` (a continuation byte, so they start no character).
+fn word_of(bytes: &[u8]) -> u64 {
+    let mut word = [0x80u8; 8];
+    if let Ok(all) = <[u8; 8]>::try_from(bytes) {
+        word = all;
+    } else {
+        for (w, b) in word.iter_mut().zip(bytes) {
+            *w = *b;
+        }
+    }
     u64::from_le_bytes(word)
 }
 
+/// Up to eight bytes as one little-endian word in reverse order (the
+/// last byte lowest), the missing ones filled with `0x80`.
+fn word_back(bytes: &[u8]) -> u64 {
+    if bytes.len() == 8 {
+        return word_of(bytes).swap_bytes();
+    }
+    let mut word = [0x80u8; 8];
+    for (w, b) in word.iter_mut().zip(bytes.iter().rev()) {
+        *w = *b;
+    }
+    u64::from_le_bytes(word)
+}
+
+/// One bit at the bottom of each byte of `word` that continues a
+/// character (`10xxxxxx`: its top bit set and the next one clear).
+fn continuations(word: u64) -> u64 {
+    (word & !(word << 1) & HIGH) >> 7
+}
+
+/// The sum of the bytes of `lanes` (each sum under 256), in one multiply
+/// where `count_ones` would be a dozen instructions on targets without a
+/// `popcnt` instruction (the default x86-64 one).
+fn lane_sum(lanes: u64) -> usize {
+    (lanes.wrapping_mul(LOW) >> 56) as usize
+}
+
+/// How many bytes of `block` (a multiple of eight bytes long, at most 248)
+/// start a character.
+fn starts_in(block: &[u8]) -> usize {
+    let lanes: u64 = block
+        .chunks_exact(8)
+        .map(|c| continuations(word_of(c)))
+        .sum();
+    block.len() - lane_sum(lanes)
+}
+
+/// The byte index in `word` of its `n`-th (from 0) character start, if it
+/// has more than `n`, found without a branch per byte: multiplying the
+/// start bits by [`LOW`] leaves in each byte the starts up to it, and a
+/// subtraction per byte finds the first of those past `n`.
+fn nth_start(word: u64, n: usize) -> Option<usize> {
+    if n >= 8 {
+        return None;
+    }
+    let starts = (continuations(word) ^ LOW).wrapping_mul(LOW);
+    // Each byte of `starts | HIGH` is at least 128, so none borrows.
+    let past = (starts | HIGH).wrapping_sub((n as u64 + 1) * LOW) & HIGH;
+    (past != 0).then(|| past.trailing_zeros() as usize / 8)
+}
+
+/// Bytes counted at once while the wanted character is further on.
+const BLOCK: usize = 32;
+
 /// The byte offset of character `chars` of `s` (`s.len()` if `s` has no
-/// more), counting eight bytes at a time.
+/// more), counting 32 and then eight bytes at a time.
 pub(crate) fn byte_at(s: &str, chars: usize) -> usize {
     let bytes = s.as_bytes();
     let (mut at, mut left) = (0, chars);
-    while at + 8 <= bytes.len() {
-        let n = starts_in(word_at(bytes, at)) as usize;
+    while at + BLOCK <= bytes.len() {
+        let n = starts_in(&bytes[at..at + BLOCK]);
         if n > left {
             break;
         }
         left -= n;
-        at += 8;
+        at += BLOCK;
     }
     while at < bytes.len() {
-        if bytes[at] & 0xC0 != 0x80 {
-            if left == 0 {
-                return at;
-            }
-            left -= 1;
+        let word = word_of(&bytes[at..bytes.len().min(at + 8)]);
+        if let Some(i) = nth_start(word, left) {
+            return at + i;
         }
-        at += 1;
+        left -= 8 - lane_sum(continuations(word));
+        at += 8;
     }
     bytes.len()
 }
 
 /// The byte offset where the last `chars` characters of `s` start (0 if
-/// `s` has no more), counting eight bytes at a time from the end.
+/// `s` has no more), counting 32 and then eight bytes at a time from the
+/// end.
 fn byte_from_end(s: &str, chars: usize) -> usize {
     let bytes = s.as_bytes();
     let (mut end, mut left) = (bytes.len(), chars);
-    while end >= 8 {
-        let n = starts_in(word_at(bytes, end - 8)) as usize;
+    if left == 0 {
+        return end;
+    }
+    while end >= BLOCK {
+        let n = starts_in(&bytes[end - BLOCK..end]);
         if n >= left {
             break;
         }
         left -= n;
-        end -= 8;
+        end -= BLOCK;
     }
-    while end > 0 && left > 0 {
-        end -= 1;
-        if bytes[end] & 0xC0 != 0x80 {
-            left -= 1;
+    while end > 0 {
+        let from = end.saturating_sub(8);
+        let word = word_back(&bytes[from..end]);
+        if let Some(i) = nth_start(word, left - 1) {
+            return end - 1 - i;
         }
+        left -= 8 - lane_sum(continuations(word));
+        end = from;
     }
-    if left > 0 { 0 } else { end }
+    0
 }
 
 /// Number of `char`s in `s` (bytes that do not continue a sequence).
@@ -333,7 +400,7 @@ mod tests {
     #[test]
     fn byte_offsets() {
         let long = "aé日😀".repeat(9) + "xyz" + &"ü".repeat(17);
-        for s in [
+        let mut texts: Vec<String> = [
             "",
             "a",
             "abc",
@@ -341,10 +408,28 @@ mod tests {
             "日本語のテキスト",
             "a😀b",
             long.as_str(),
-        ] {
+        ]
+        .map(String::from)
+        .to_vec();
+        // Every mix of one- to four-byte characters, at every length
+        // around the word and block sizes.
+        let mut seed = 7u64;
+        for len in 0..90 {
+            for _ in 0..4 {
+                let text = (0..len)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        ['a', 'é', '日', '😀'][(seed >> 60) as usize % 4]
+                    })
+                    .collect();
+                texts.push(text);
+            }
+        }
+        for s in &texts {
+            let s = s.as_str();
             let starts: Vec<usize> = s.char_indices().map(|(b, _)| b).collect();
             let n = starts.len();
-            for c in 0..=n + 2 {
+            for c in (0..=n + 2).chain([n + 9, n + 200]) {
                 let want = starts.get(c).copied().unwrap_or(s.len());
                 assert_eq!(byte_at(s, c), want, "{s:?} at {c}");
                 let from_end = if c > n {
