@@ -243,7 +243,7 @@ pub(crate) fn utf16_len_of(s: &str, chars: usize) -> usize {
     if s.len() == chars {
         chars
     } else {
-        chars + s.bytes().filter(|&b| b >= 0xF0).count()
+        chars + count_bytes(s.as_bytes(), |b| b >= 0xF0)
     }
 }
 
@@ -377,7 +377,20 @@ pub(crate) fn char_len(s: &str) -> usize {
     if s.is_ascii() {
         return s.len();
     }
-    s.len() - s.bytes().filter(|&b| (b & 0xC0) == 0x80).count()
+    s.len() - count_bytes(s.as_bytes(), |b| (b & 0xC0) == 0x80)
+}
+
+/// How many of `bytes` satisfy `test`, summed in bytes a chunk at a time
+/// (where counting into a `usize` per byte, as `filter().count()` does,
+/// vectorises into a quarter as many bytes per step).
+fn count_bytes(bytes: &[u8], test: impl Fn(u8) -> bool) -> usize {
+    let mut chunks = bytes.chunks_exact(usize::from(u8::MAX));
+    let mut n = 0;
+    for chunk in &mut chunks {
+        // At most 255 ones: the byte sum cannot wrap.
+        n += usize::from(chunk.iter().fold(0u8, |sum, &b| sum + u8::from(test(b))));
+    }
+    n + chunks.remainder().iter().filter(|&&b| test(b)).count()
 }
 
 #[cfg(test)]
@@ -445,7 +458,9 @@ mod tests {
     /// UTF-16 and char lengths count surrogate pairs and multi-byte text.
     #[test]
     fn lengths() {
-        for s in ["", "abc", "héllo", "日本語", "a😀b", "e\u{301}"] {
+        // Long enough for whole chunks of 255 bytes and a remainder.
+        let long = "aé日😀".repeat(97);
+        for s in ["", "abc", "héllo", "日本語", "a😀b", "e\u{301}", &long] {
             assert_eq!(utf16_len(s), s.encode_utf16().count(), "{s}");
             assert_eq!(char_len(s), s.chars().count(), "{s}");
         }
