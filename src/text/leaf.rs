@@ -372,12 +372,10 @@ fn byte_from_end(s: &str, chars: usize) -> usize {
     0
 }
 
-/// Number of `char`s in `s` (bytes that do not continue a sequence).
+/// Number of `char`s in `s` (the standard library's count: a simple loop
+/// for short strings, a word at a time for long ones).
 pub(crate) fn char_len(s: &str) -> usize {
-    if s.is_ascii() {
-        return s.len();
-    }
-    s.len() - count_bytes(s.as_bytes(), |b| (b & 0xC0) == 0x80)
+    s.chars().count()
 }
 
 /// How many of `bytes` satisfy `test`, summed in bytes a chunk at a time
