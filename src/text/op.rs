@@ -245,6 +245,9 @@ pub(crate) enum Targets {
     Many(Vec<Target>),
 }
 
+/// The room a list of targets starts with once it holds two.
+const MANY_TARGETS: usize = 8;
+
 impl Default for Targets {
     fn default() -> Self {
         Targets::Many(Vec::new())
@@ -257,7 +260,13 @@ impl Targets {
         match self {
             Targets::Many(v) if v.is_empty() => *self = Targets::One(t),
             Targets::Many(v) => v.push(t),
-            Targets::One(first) => *self = Targets::Many(vec![*first, t]),
+            Targets::One(first) => {
+                // A deletion of two pieces usually spans more: start with
+                // room for several, not the two a `vec!` would hold.
+                let mut v = Vec::with_capacity(MANY_TARGETS);
+                v.extend([*first, t]);
+                *self = Targets::Many(v);
+            }
         }
     }
 
