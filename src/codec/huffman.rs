@@ -66,12 +66,14 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
     // The byte values that occur, rarest first (sorted as count << 8 | b).
     // Sized by how many occur: a short block uses a few values, and
     // clearing tables for all 256 cost more than the rest.
-    let mut keys: Vec<u64> = counts
-        .iter()
-        .enumerate()
-        .filter(|&(_, &c)| c > 0)
-        .map(|(b, &c)| u64::from(c) << 8 | b as u64)
-        .collect();
+    let mut keys: Vec<u64> = Vec::with_capacity(counts.iter().filter(|&&c| c > 0).count());
+    keys.extend(
+        counts
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(b, &c)| u64::from(c) << 8 | b as u64),
+    );
     keys.sort_unstable();
     let n = keys.len();
     match keys[..] {
