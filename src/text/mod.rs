@@ -225,25 +225,26 @@
 //! crate's `report` command):
 //!
 //! - local editing with [`Text::replace`] (the history peers sync from,
-//!   no op built) costs 0.74–0.96× what diamond-types costs
+//!   no op built) costs 0.74–0.92× what diamond-types costs
 //!   (`automerge-paper`, 260k patches, in about 12 ms); with
 //!   [`Text::insert`] and [`Text::delete`] returning each edit's op,
-//!   0.91–1.26×; about 8× (loro) to over 100× (yrs, automerge) faster
-//!   than the other CRDTs; 1.5–1.9× a plain rope (jumprope). Text that is
+//!   0.89–1.22×; about 8× (loro) to over 100× (yrs, automerge) faster
+//!   than the other CRDTs; 1.4–1.9× a plain rope (jumprope). Text that is
 //!   not ASCII costs more where edits jump about (a leaf counts characters
-//!   to byte offsets eight bytes at a time, from where its last edit was):
-//!   with letters as CJK characters (`-- text cjk`), 0.80–0.85× on four
-//!   traces, 1.14× on the code-editing `sveltecomponent`;
-//! - a replica keeps 0.28–0.42× the heap of diamond-types (0.29–0.48×
+//!   to byte offsets, 32 bytes at a time, from the nearest of its ends
+//!   and where its last edit was): with letters as CJK characters
+//!   (`-- text cjk`), 0.74–0.94×, the code-editing `sveltecomponent`
+//!   closest;
+//! - a replica keeps 0.29–0.44× the heap of diamond-types (0.31–0.49×
 //!   once a remote op has built the index from local versions to leaves)
-//!   and 0.14–0.30× that of cola, loro and yrs;
+//!   and 0.14–0.32× that of cola, loro and yrs;
 //! - loading a document is a linear scan that integrates nothing
-//!   (`snapshot.rs`): 0.84–0.96× diamond-types, faster than cola, loro,
+//!   (`snapshot.rs`): 0.83–0.96× diamond-types, faster than cola, loro,
 //!   yrs and automerge; a blank replica merging a whole history by value
 //!   ([`Merge::merge_owned`](crate::Merge::merge_owned)) loads it and
-//!   moves it in (0.81–0.96×; 1.12–1.20× for a short history of appended
+//!   moves it in (0.78–0.98×; 1.09–1.17× for a short history of appended
 //!   random letters, which diamond-types copies as they are); encoding
-//!   costs 1.06–1.25×;
+//!   costs 1.02–1.23×;
 //! - the encoding is 0.69–0.91× diamond-types' size, smaller than yrs',
 //!   loro's, cola's and automerge's.
 
