@@ -291,7 +291,7 @@ fn continuations(word: u64) -> u64 {
     (word & !(word << 1) & HIGH) >> 7
 }
 
-/// The sum of the bytes of `lanes` (each sum under 256), in one multiply
+/// The sum of the bytes of `lanes` (at most 255 in all), in one multiply
 /// where `count_ones` would be a dozen instructions on targets without a
 /// `popcnt` instruction (the default x86-64 one).
 fn lane_sum(lanes: u64) -> usize {

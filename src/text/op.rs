@@ -261,8 +261,9 @@ impl Targets {
             Targets::Many(v) if v.is_empty() => *self = Targets::One(t),
             Targets::Many(v) => v.push(t),
             Targets::One(first) => {
-                // A deletion of two pieces usually spans more: start with
-                // room for several, not the two a `vec!` would hold.
+                // A deletion of two pieces often spans more (more than
+                // half of sveltecomponent's do): start with room for
+                // several, not the two a `vec!` would hold.
                 let mut v = Vec::with_capacity(MANY_TARGETS);
                 v.extend([*first, t]);
                 *self = Targets::Many(v);
