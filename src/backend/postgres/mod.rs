@@ -80,8 +80,13 @@
 //!   pending has nothing to batch with: its caller sends it, without the
 //!   hops to a committer and back, and a lone single-key write goes to
 //!   `write_one`, whose common cases (a put without leases) are one
-//!   statement returning one composite value. The price: the SQL lives
-//!   in server-side functions that [`PostgresStore::migrate`] installs.
+//!   statement returning one composite value. Single-key writes on
+//!   distinct keys in one batch go together in one call; puts without a
+//!   lease (the common load) to `put_keys`, which takes the lock, then
+//!   reads, writes and numbers the whole batch in one statement, so a
+//!   batch pays one statement's fixed cost rather than one per write.
+//!   The price: the SQL lives in server-side functions that
+//!   [`PostgresStore::migrate`] installs.
 //! - **Revisions from a sequence, no store-wide lock** (k3s' kine on
 //!   PostgreSQL): every write takes `nextval` and commits on its own, so
 //!   writes of different keys never wait for each other. But commits then
