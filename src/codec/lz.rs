@@ -293,13 +293,16 @@ fn would_copy(
 
 /// Whether `tokens` (each its literal count, distance and copy length,
 /// 0 and 0 for the last) are exactly those [`compress`] makes of `input`
-/// with copies of at least `min` bytes. It replays the compressor's hash
-/// table along the tokens instead of compressing again: in a stretch of
-/// literals it only notes, without branching, whether the compressor
-/// would have found a copy anywhere, and at a copy it checks the
-/// compressor's candidate and the match's length. Equal tokens are equal
-/// bytes: the literal bytes sit where the tokens put them in the output,
-/// and the decoder refuses overlong varints.
+/// with copies of at least `min` bytes, where `input` is what the tokens
+/// expand to. It replays the compressor's hash table along the tokens
+/// instead of compressing again: in a stretch of literals it only notes,
+/// without branching, whether the compressor would have found a copy
+/// anywhere, and at a copy it checks the compressor's candidate and that
+/// the match ends where the copy does. A copy's bytes equal those
+/// `distance` back (the tokens made them so), so only the byte after it
+/// needs comparing. Equal tokens are equal bytes: the literal bytes sit
+/// where the tokens put them in the output, and the decoder refuses
+/// overlong varints.
 fn canonical(input: &[u8], tokens: &[[u32; 3]], min: usize) -> bool {
     let n = input.len();
     let bits = table_bits(n);
@@ -318,15 +321,14 @@ fn canonical(input: &[u8], tokens: &[[u32; 3]], min: usize) -> bool {
         if copy >= last || distance == 0 || distance > copy {
             return false;
         }
-        let w = word(input, copy);
-        let h = hash(w, bits);
+        let h = hash(word(input, copy), bits);
         let candidate = table[h] as usize;
         table[h] = copy as u32;
         let max = (n - copy).min(MAX_COPY);
         if candidate != copy - distance
-            || word(input, candidate) != w
             || len < min
-            || len != 4 + common(input, candidate + 4, copy + 4, max - 4)
+            || len > max
+            || (len < max && input[candidate + len] == input[copy + len])
         {
             return false;
         }
@@ -524,10 +526,38 @@ mod tests {
         }
     }
 
+    /// The bytes `tokens` make, their literals the bytes of `fill` at the
+    /// same places (`b'z'` past its end), or `None` if they would make
+    /// more than one byte past `fill`, a copy reaches before the start or
+    /// past [`MAX_COPY`], or a token but the last has no copy.
+    fn expand_tokens(tokens: &[[u32; 3]], fill: &[u8]) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        for (t, &[count, distance, len]) in tokens.iter().enumerate() {
+            if out.len() + count as usize + len as usize > fill.len() + 1 {
+                return None;
+            }
+            for _ in 0..count {
+                out.push(fill.get(out.len()).copied().unwrap_or(b'z'));
+            }
+            if len == 0 {
+                return (t + 1 == tokens.len() && distance == 0).then_some(out);
+            }
+            let (distance, len) = (distance as usize, len as usize);
+            if distance == 0 || distance > out.len() || len > MAX_COPY {
+                return None;
+            }
+            for _ in 0..len {
+                out.push(out[out.len() - distance]);
+            }
+        }
+        None
+    }
+
     /// `canonical` accepts the compressor's own tokens and nothing else:
     /// on inputs with short and long repeats, for copies of at least 4
-    /// and 5 bytes, every token list that differs from the compressor's
-    /// in one number (or one token fewer) is refused, and so are the
+    /// and 5 bytes, a token list that differs from the compressor's in
+    /// one number is accepted only where it is what the compressor makes
+    /// of the bytes it makes (one token fewer is refused), and so are the
     /// other minimum's tokens wherever they differ.
     #[test]
     fn canonical_accepts_exactly_the_compressors_tokens() {
@@ -538,6 +568,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (x >> 33) % m
         };
+        let (mut checked, mut refused) = (0, 0);
         for round in 0..300 {
             let len = next(400) as usize;
             let mut input: Vec<u8> = Vec::with_capacity(len);
@@ -568,12 +599,26 @@ mod tests {
                         for d in [1, u32::MAX] {
                             let mut changed = own.clone();
                             changed[t][f] = changed[t][f].wrapping_add(d);
-                            assert!(!canonical(&input, &changed, min), "round {round}");
+                            // What the changed tokens make (its literals
+                            // taken from the input), if they make anything:
+                            // accepted exactly when they are its own tokens.
+                            if let Some(out) = expand_tokens(&changed, &input) {
+                                let mut theirs = Vec::new();
+                                compress(&out, min, &mut theirs);
+                                let accepted = canonical(&out, &changed, min);
+                                assert_eq!(accepted, theirs == changed, "round {round}");
+                                checked += 1;
+                                refused += usize::from(!accepted);
+                            }
                         }
                     }
                 }
             }
         }
+        assert!(
+            refused > 50_000 && checked - refused > 1_000,
+            "{checked} {refused}"
+        );
     }
 
     /// Hostile coded input: a declared length the streams cannot make
