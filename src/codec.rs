@@ -98,13 +98,14 @@ pub use serde_format::Serde;
 
 /// The version of the binary format written by this crate.
 ///
-/// Versions 2 and 3 changed only the layout of a
+/// Versions 2 to 4 changed only the layout of a
 /// [`Text`](crate::text::Text) document (see its module docs: version 2
-/// wrote its structures instead of its ops, version 3 entropy-codes them);
-/// bytes of versions 1 and 2 are still read, as they were written.
+/// wrote its structures instead of its ops, version 3 entropy-codes them,
+/// version 4 parses its text for copies more sparsely where none are
+/// found); bytes of versions 1 to 3 are still read, as they were written.
 /// Decoding bytes of any other version fails with
 /// [`DecodeError::UnsupportedVersion`].
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 
 /// The oldest format version this crate still reads.
 pub const OLDEST_FORMAT_VERSION: u8 = 1;

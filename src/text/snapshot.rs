@@ -1,4 +1,6 @@
-//! A [`Text`] document as bytes (format version 3): its own structures,
+//! A [`Text`] document as bytes (format versions 3 and 4, which differ
+//! only in how the text is parsed for copies: see `codec::lz`): its own
+//! structures,
 //! written as they are, so that loading is a linear scan that integrates
 //! nothing.
 //!
