@@ -62,21 +62,27 @@ fn counts(input: &[u8]) -> [u32; 256] {
 /// Huffman code lengths for `counts`, limited to [`MAX_LEN`] bits and
 /// fully determined by the counts (ties broken by byte value).
 fn lengths(counts: &[u32; 256]) -> Lengths {
+    lengths_among(counts, 0..=u8::MAX)
+}
+
+/// [`lengths`], for counts that are zero but at byte values among
+/// `candidates` (distinct values): a decoder knows which values its code
+/// can make, and passing them spares a scan of all 256.
+fn lengths_among(counts: &[u32; 256], candidates: impl IntoIterator<Item = u8>) -> Lengths {
     let mut len = [0u8; 256];
-    // The byte values that occur, rarest first (sorted as count << 8 | b).
-    // Sized by how many occur: a short block uses a few values, and
-    // clearing tables for all 256 cost more than the rest.
-    let mut keys: Vec<u64> = Vec::with_capacity(counts.iter().filter(|&&c| c > 0).count());
-    keys.extend(
-        counts
-            .iter()
-            .enumerate()
-            .filter(|&(_, &c)| c > 0)
-            .map(|(b, &c)| u64::from(c) << 8 | b as u64),
-    );
+    // The byte values that occur, rarest first (sorted as count << 8 | b),
+    // gathered without branching: which values occur is data, and a
+    // branch on it mispredicts.
+    let mut all = [0u64; 256];
+    let mut n = 0;
+    for b in candidates {
+        let c = counts[usize::from(b)];
+        all[n] = u64::from(c) << 8 | u64::from(b);
+        n += usize::from(c > 0);
+    }
+    let keys = &mut all[..n];
     keys.sort_unstable();
-    let n = keys.len();
-    match keys[..] {
+    match *keys {
         [] => return len,
         [only] => {
             len[usize::from(only as u8)] = 1;
@@ -86,9 +92,11 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
     }
     // Two-queue Huffman: leaves in order of weight, and internal nodes,
     // which are made in order of weight; each node remembers its parent.
-    let mut weight: Vec<u64> = Vec::with_capacity(2 * n - 1);
-    weight.extend(keys.iter().map(|k| k >> 8));
-    let mut parent = vec![0u16; 2 * n - 1];
+    let mut weight = [0u64; 511];
+    for (w, k) in weight.iter_mut().zip(keys.iter()) {
+        *w = k >> 8;
+    }
+    let mut parent = [0u16; 511];
     let (mut leaf, mut node) = (0, n);
     for made in n..2 * n - 1 {
         let mut kids = [0usize; 2];
@@ -101,21 +109,21 @@ fn lengths(counts: &[u32; 256]) -> Lengths {
                 node += 1;
             }
         }
-        weight.push(weight[kids[0]] + weight[kids[1]]);
+        weight[made] = weight[kids[0]] + weight[kids[1]];
         parent[kids[0]] = made as u16;
         parent[kids[1]] = made as u16;
     }
     // Depths from the root (the last node) down, each node's written over
     // its parent's index once read: parents come later.
-    let depth = &mut parent;
+    let depth = &mut parent[..2 * n - 1];
     depth[2 * n - 2] = 0;
     for i in (0..2 * n - 2).rev() {
         depth[i] = depth[usize::from(depth[i])] + 1;
     }
-    for (&d, &k) in depth.iter().zip(&keys) {
+    for (&d, &k) in depth.iter().zip(keys.iter()) {
         len[usize::from(k as u8)] = d.min(MAX_LEN as u16) as u8;
     }
-    limit(&mut len, &keys);
+    limit(&mut len, keys);
     len
 }
 
@@ -253,16 +261,27 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
     let len = lengths(&counts(input));
     let values = coded_values(&len);
     let streams = (!input.is_empty()).then(|| encode(input, &len, &values));
-    let Some(streams) = streams.filter(|s| coded_size(&len, s.iter().map(Vec::len)) < input.len())
-    else {
-        enc.varint((input.len() as u64) << 1);
-        enc.raw(input);
-        return;
-    };
-    enc.varint((input.len() as u64) << 1 | 1);
+    match streams.filter(|s| coded_size(&len, s.iter().map(Vec::len)) < input.len()) {
+        Some(streams) => write_coded(enc, input.len(), &len, &values, &streams),
+        None => {
+            enc.varint((input.len() as u64) << 1);
+            enc.raw(input);
+        }
+    }
+}
+
+/// Writes a coded block of `n` bytes: its code and `streams`.
+fn write_coded(
+    enc: &mut Encoder,
+    n: usize,
+    len: &Lengths,
+    values: &[u8],
+    streams: &[Vec<u8>; STREAMS],
+) {
+    enc.varint((n as u64) << 1 | 1);
     enc.length(values.len());
     let mut prev = -1i32;
-    for &b in &values {
+    for &b in values {
         enc.varint((i32::from(b) - prev - 1) as u64);
         prev = i32::from(b);
     }
@@ -270,7 +289,7 @@ pub(crate) fn write(enc: &mut Encoder, input: &[u8]) {
         let high = pair.get(1).map_or(0, |&b| len[usize::from(b)] << 4);
         enc.byte(len[usize::from(pair[0])] | high);
     }
-    for s in &streams {
+    for s in streams {
         enc.bytes(s);
     }
 }
@@ -294,6 +313,7 @@ pub(crate) fn read_into(dec: &mut Decoder<'_>, out: &mut Vec<u8>) -> Result<usiz
         out.extend_from_slice(plain);
         return Ok(n);
     }
+    let code_at = dec.offset();
     let used = dec.length()?;
     if used == 0 || used > 256 {
         return Err(invalid("coded block with no or too many byte values"));
@@ -340,10 +360,12 @@ pub(crate) fn read_into(dec: &mut Decoder<'_>, out: &mut Vec<u8>) -> Result<usiz
     out.resize(start + n, 0);
     let decoded = decode(&len, &values, streams, &mut out[start..]);
     // Canonical: the code is the one the counts give, coding was the
-    // shorter choice, and each stream ends in its last byte.
+    // shorter choice (the code and streams took the bytes read since
+    // `code_at`, every varint among them minimal), and each stream ends
+    // in its last byte.
     let canonical = decoded.is_some()
-        && lengths(&counts(&out[start..])) == len
-        && coded_size(&len, streams.iter().map(|s| s.len())) < n;
+        && dec.offset() - code_at < n
+        && lengths_among(&counts(&out[start..]), values.iter().copied()) == len;
     if !canonical {
         out.truncate(start);
         return Err(invalid(if decoded.is_some() {
@@ -546,6 +568,21 @@ mod tests {
             let kept_plain = written.into_bytes() == plain;
             assert_eq!(kept_plain, n < 12, "{n} bytes");
             assert_eq!(read_all(&plain).is_ok(), kept_plain, "{n} bytes");
+        }
+        // Short blocks coded anyway: accepted exactly when coding is
+        // shorter, which is when the writer codes them.
+        for n in 1..40 {
+            let input: Vec<u8> = (0..n).map(|i| [7, 7, 7, 9][i % 4]).collect();
+            let len = lengths(&counts(&input));
+            let values = coded_values(&len);
+            let mut coded = Encoder::new();
+            write_coded(&mut coded, n, &len, &values, &encode(&input, &len, &values));
+            let coded = coded.into_bytes();
+            let mut written = Encoder::new();
+            write(&mut written, &input);
+            let kept_coded = written.into_bytes() == coded;
+            assert_eq!(kept_coded, coded.len() < n + 1, "{n} bytes");
+            assert_eq!(read_all(&coded).is_ok(), kept_coded, "{n} bytes");
         }
         // "aab" coded: a = 0 (one bit), b = 1.
         let block = |n: u64, lens: u8, bits: &[u8]| {
