@@ -7,8 +7,8 @@
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `partition` (a single writer per key against locks, and the partition
 //! log against its raw transactions; `partition log` runs only the latter),
-//! `text` (the traces, then the concurrent scenarios; the filter picks
-//! traces and scenarios whose name contains it, `B2` say, and `cjk`
+//! `text` (the traces, then the concurrent trace and scenarios; the filter
+//! picks traces and scenarios whose name contains it, `B2` say, and `cjk`
 //! replays the traces with their letters as CJK characters); `report` runs
 //! them all and writes `BENCHMARKS.md` (`report text` reruns one suite and
 //! replaces only its section).
@@ -16,6 +16,7 @@
 mod adapt;
 mod alloc;
 mod backend;
+mod concurrent;
 mod coord;
 mod crdt;
 mod harness;

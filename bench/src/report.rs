@@ -197,6 +197,7 @@ pub fn run(only: Option<&str>) -> Vec<Row> {
             let _ = writeln!(md, "{table}");
         }
         if s.suite == "text" {
+            let _ = writeln!(md, "{}", crate::concurrent::table(&s.rows));
             let _ = writeln!(md, "{}", crate::scenarios::growth_table(&s.rows));
         }
         if s.suite == "backend" {
@@ -560,7 +561,9 @@ fn row_bars(rows: &[Row]) -> Vec<Bar> {
 fn text_summary(rows: &[Row]) -> (Vec<Bar>, String) {
     let mut metrics: Vec<&str> = Vec::new();
     let mut peers: Vec<&str> = Vec::new();
-    for r in rows.iter().filter(|r| !crate::scenarios::is_scenario(r)) {
+    let per_trace =
+        |r: &&Row| !crate::scenarios::is_scenario(r) && !crate::concurrent::is_concurrent(r);
+    for r in rows.iter().filter(per_trace) {
         if !metrics.contains(&r.metric.as_str()) {
             metrics.push(&r.metric);
         }
@@ -571,7 +574,8 @@ fn text_summary(rows: &[Row]) -> (Vec<Bar>, String) {
     let summary = |metric: &str, peer: &str| -> Option<(f64, f64, f64)> {
         let ratios: Vec<f64> = rows
             .iter()
-            .filter(|r| r.metric == metric && r.peer == peer && !crate::scenarios::is_scenario(r))
+            .filter(per_trace)
+            .filter(|r| r.metric == metric && r.peer == peer)
             .map(Row::ratio)
             .filter(|x| x.is_finite() && *x > 0.0)
             .collect();

@@ -25,6 +25,9 @@
 //!   replica (calm builds its index from local versions to leaves, which
 //!   only remote ops use, at the first one).
 //!
+//! Then the concurrent trace (`concurrent.rs`): a fresh replica merging
+//! two users' concurrent history, calm against diamond-types.
+//!
 //! Each side's final text is checked against the trace's `endContent`
 //! (cola keeps no text, so its length is checked) before anything is
 //! timed. Times are medians of 5 alternating rounds (see `harness.rs`).
@@ -699,8 +702,8 @@ fn crdt_rows<P: Crdt>(t: &Trace, rows: &mut Vec<Row>) {
     ));
 }
 
-/// Every row for every trace, then every concurrent scenario (or those
-/// whose name contains `filter`).
+/// Every row for every trace, then the concurrent trace and every
+/// concurrent scenario (or those whose name contains `filter`).
 pub fn run(filter: Option<&str>) -> Vec<Row> {
     let mut rows = Vec::new();
     for t in traces(filter) {
@@ -720,6 +723,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
         replay_rows::<JumpRope>(&t, &mut rows);
         replay_rows::<Ropey>(&t, &mut rows);
     }
+    rows.extend(crate::concurrent::run(filter));
     rows.extend(crate::scenarios::run(filter));
     rows
 }
