@@ -14,7 +14,6 @@
 //! anything is timed. The merged document's encoded size is the second
 //! row.
 
-use std::io::Read;
 use std::path::Path;
 
 use calm::causal::{ReplicaId, VersionVector};
@@ -80,12 +79,7 @@ struct Txn {
 
 /// Reads the trace at `path`: its transactions and final text.
 fn load(path: &Path) -> (Vec<Txn>, String) {
-    let gz = std::fs::read(path).expect("trace");
-    let mut json = String::new();
-    flate2::read::GzDecoder::new(&gz[..])
-        .read_to_string(&mut json)
-        .expect("gzip");
-    let v: Value = serde_json::from_str(&json).expect("json");
+    let v = crate::text::read_trace(path);
     let number = |x: &Value| x.as_u64().expect("a number") as usize;
     let txns = v["txns"]
         .as_array()

@@ -110,12 +110,7 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
             if filter.is_some_and(|f| !name.contains(f)) {
                 return None;
             }
-            let gz = std::fs::read(&path).expect("trace");
-            let mut json = String::new();
-            flate2::read::GzDecoder::new(&gz[..])
-                .read_to_string(&mut json)
-                .expect("gzip");
-            let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+            let v = read_trace(&path);
             let mut rope = ropey::Rope::new();
             let mut patches = Vec::new();
             for txn in v["txns"].as_array().expect("txns") {
@@ -142,6 +137,16 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
             Some(Trace { name, patches, end })
         })
         .collect()
+}
+
+/// The JSON of the gzip-compressed trace at `path`.
+pub(crate) fn read_trace(path: &Path) -> serde_json::Value {
+    let gz = std::fs::read(path).expect("trace");
+    let mut json = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut json)
+        .expect("gzip");
+    serde_json::from_str(&json).expect("json")
 }
 
 /// A library under test.
