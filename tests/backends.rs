@@ -551,6 +551,74 @@ pub(crate) mod postgres {
         );
     }
 
+    /// A server whose sessions default to `SERIALIZABLE` (the URL's own
+    /// options say so here, as a server's configuration may): calm's
+    /// sessions still run at `READ COMMITTED`, so two stores racing on
+    /// one key queue for the lock instead of failing with serialization
+    /// errors. A user's pool without calm's session options is refused
+    /// up front with an error that names them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_serializable_default_isolation_is_overridden() {
+        use calm::store::{PutOptions, Store, StoreError};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let serializable = "-c default_transaction_isolation=serializable";
+        let url = format!("{} options='{serializable}'", server.url());
+        let a = connect(PostgresOptions::new(&url).with_schema("iso")).await;
+        let b = connect(PostgresOptions::new(&url).with_schema("iso")).await;
+        let tasks: Vec<_> = [a.clone(), b.clone()]
+            .into_iter()
+            .cycle()
+            .take(8)
+            .enumerate()
+            .map(|(task, store)| {
+                tokio::spawn(async move {
+                    for round in 0..25 {
+                        let value = format!("{task}/{round}").into_bytes();
+                        let put = store.put(b"hot", &value, PutOptions::new()).await?;
+                        assert!(put.committed().is_some(), "an unconditional put applies");
+                    }
+                    Ok::<_, StoreError>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().expect("no serialization failure");
+        }
+        let kv = a.get(b"hot").await.unwrap().expect("written");
+        assert_eq!(kv.writes, 200, "every put applied once");
+
+        let pool_with = |options: &str| {
+            let mut config: tokio_postgres::Config = server.url().parse().expect("a URL");
+            config.options(options);
+            let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+            deadpool_postgres::Pool::builder(manager)
+                .max_size(2)
+                .build()
+                .expect("a pool")
+        };
+        let options = PostgresOptions::new("unused").with_schema("iso");
+        let refused = PostgresStore::from_pool(pool_with(serializable), options.clone()).await;
+        match refused {
+            Err(StoreError::InvalidEndpoint { source, .. }) => {
+                assert!(source.to_string().contains("SESSION_OPTIONS"), "{source}");
+            }
+            other => panic!("a pool at SERIALIZABLE is refused: {:?}", other.map(|_| ())),
+        }
+        let both = format!(
+            "{serializable} {}",
+            calm::backend::postgres::SESSION_OPTIONS
+        );
+        let store = PostgresStore::from_pool(pool_with(&both), options)
+            .await
+            .expect("calm's options come last and win");
+        assert_eq!(
+            store.get(b"hot").await.unwrap().expect("shared").writes,
+            200
+        );
+    }
+
     /// A server that accepts TLS only: calm connects through
     /// `connect_with_tls` (here with rustls trusting the server's
     /// certificate) for its pool and its LISTEN connection; without TLS it

@@ -32,7 +32,8 @@
 //! never across a round trip to calm, so a client process that freezes
 //! (a GC pause, SIGSTOP) cannot stall anybody else. calm's sessions also
 //! set `idle_in_transaction_session_timeout` and `lock_timeout`, so the
-//! server ends anything left waiting.
+//! server ends anything left waiting, and run at `READ COMMITTED` whatever
+//! the server's default isolation ([`SESSION_OPTIONS`]).
 //!
 //! A compare that fails on the current committed state, with a failure
 //! branch that only reads, is answered from a snapshot without the lock:

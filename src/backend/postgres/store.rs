@@ -306,12 +306,17 @@ pub(super) fn kv_of_columns(row: &impl Columns, at: usize) -> KeyValue {
 /// The session settings calm puts on each of its connections: the server
 /// ends a transaction left idle (nothing of calm's is, but a pooled
 /// connection must never keep a lock because its process froze) and a
-/// lock wait that lasts too long, instead of waiting for ever.
+/// lock wait that lasts too long, instead of waiting for ever; and calm's
+/// statements run at `READ COMMITTED` whatever the server's default
+/// isolation (each statement of calm's functions reads what committed
+/// before it took the store-wide lock; at `REPEATABLE READ` or
+/// `SERIALIZABLE` concurrent writers would fail with serialization
+/// errors instead of queueing).
 ///
 /// These are the `options` of a connection string; add them to a pool
 /// you pass to [`PostgresStore::from_pool`].
-pub const SESSION_OPTIONS: &str =
-    "-c idle_in_transaction_session_timeout=10000 -c lock_timeout=10000";
+pub const SESSION_OPTIONS: &str = "-c idle_in_transaction_session_timeout=10000 \
+     -c lock_timeout=10000 -c default_transaction_isolation=read\\ committed";
 
 /// Checks a schema name: 1-40 ASCII letters, digits or underscores (it is
 /// spliced into every statement).
@@ -459,12 +464,16 @@ impl PostgresStore {
     /// being woken at once; and calm's session settings are not applied
     /// to your connections: add [`SESSION_OPTIONS`] to your pool's
     /// connection options so that no calm statement waits on a lock
-    /// forever.
+    /// forever, and so that calm's statements run at `READ COMMITTED`.
     ///
     /// # Errors
     ///
-    /// [`StoreError::InvalidEndpoint`] for an invalid schema name, or as
-    /// [`connect_with`](Self::connect_with) while creating the schema.
+    /// [`StoreError::InvalidEndpoint`] for an invalid schema name or a
+    /// pool whose sessions default to another isolation level than
+    /// `READ COMMITTED` (a server configured for `SERIALIZABLE`, say:
+    /// calm's writers would fail with serialization errors instead of
+    /// queueing), or as [`connect_with`](Self::connect_with) while
+    /// creating the schema.
     ///
     /// # Panics
     ///
@@ -523,7 +532,8 @@ impl PostgresStore {
     ///
     /// # Errors
     ///
-    /// A backend error.
+    /// A backend error, or [`StoreError::InvalidEndpoint`] when the
+    /// connection's sessions do not default to `READ COMMITTED`.
     ///
     /// # Cancel safety
     ///
@@ -627,6 +637,22 @@ impl PostgresStore {
 async fn migrate(pool: &Pool, sql: &Sql) -> Result<(), StoreError> {
     let mut client = pool.get().await.map_err(pool_error)?;
     let tx = client.transaction().await.map_err(err)?;
+    let isolation: String = tx
+        .query_one("SHOW transaction_isolation", &[])
+        .await
+        .map_err(err)?
+        .get(0);
+    if isolation != "read committed" {
+        return Err(StoreError::InvalidEndpoint {
+            endpoint: "the pool's connections".into(),
+            source: format!(
+                "calm's sessions must default to READ COMMITTED, these to {}: \
+                 add SESSION_OPTIONS to the pool's connection options",
+                isolation.to_uppercase()
+            )
+            .into(),
+        });
+    }
     tx.batch_execute(&sql.migrate).await.map_err(err)?;
     tx.commit().await.map_err(|e| pg_error(e, true))
 }
