@@ -138,10 +138,16 @@ impl Text {
     /// An empty document edited as `replica`, or as a random replica
     /// drawn when first needed if it holds none.
     pub(crate) fn with_replica(replica: OnceLock<ReplicaId>) -> Self {
+        Self::from_parts(replica, Tree::default(), History::default())
+    }
+
+    /// A document of `tree` and `history` (which must agree), with no
+    /// buffered ops, edited as `replica` (see [`Text::with_replica`]).
+    pub(crate) fn from_parts(replica: OnceLock<ReplicaId>, tree: Tree, history: History) -> Self {
         Self {
             replica,
-            tree: Tree::default(),
-            history: History::default(),
+            tree,
+            history,
             pending: Pending::default(),
             right_origin: (NONE, None),
             local: NONE,

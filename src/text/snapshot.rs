@@ -75,6 +75,8 @@
 //! version 1 wrote the document as its ops and replayed them on load;
 //! [`super::encoding`] still reads it.
 
+use std::sync::OnceLock;
+
 use super::columns::{Columns, Counts, Decoded, Stretches};
 use super::document::Text;
 use super::encoding::{read_buffered, write_buffered};
@@ -271,9 +273,10 @@ struct RawEntry {
 
 /// Reads a document in the layout of the module docs, checking it.
 pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
-    let mut text = Text::default();
-    let h = &mut text.history;
+    let mut history = History::default();
+    let h = &mut history;
     let n = dec.length()?;
+    h.agents.reserve_exact(n);
     let mut known = Vec::with_capacity(n);
     for _ in 0..n {
         let id = ReplicaId::decode(dec)?;
@@ -453,16 +456,16 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             return Err(invalid("a replica's events overlap or leave a gap"));
         }
     }
-    for (agent, &k) in text.history.agents.iter_mut().zip(&known) {
+    for (agent, &k) in history.agents.iter_mut().zip(&known) {
         agent.known = k;
     }
-    let h = &text.history;
+    let h = &history;
 
     // Deleted wherever some delete entry aimed (a character can also
     // arrive deleted, in an op that carried it hidden, before the delete
     // event itself).
     let shift = (items / dead.len().max(1) as u32).max(1).ilog2();
-    let dead = sort_spread(dead.into_iter(), 32 + shift, (items >> shift) as usize + 1);
+    let dead = sort_spread(dead, 32 + shift, (items >> shift) as usize + 1);
     let tombs = union(
         (0..runs.len())
             .map(|k| layout.run(k))
@@ -539,7 +542,8 @@ pub(super) fn read(dec: &mut Decoder<'_>) -> Result<Text, DecodeError> {
             what: "text not as long as the visible runs",
         });
     }
-    text.tree = Tree::build(&runs, visible_text);
+    let tree = Tree::build(&runs, visible_text);
+    let mut text = Text::from_parts(OnceLock::new(), tree, history);
     read_buffered(dec, &mut text)?;
     Ok(text)
 }
@@ -557,13 +561,14 @@ impl<'a> Layout<'a> {
     fn new(runs: &'a [Run], items: u32) -> Self {
         // Buckets of about one run each, so the sort is one counting pass.
         let shift = (items / runs.len().max(1) as u32).max(1).ilog2();
-        let mut by_lv = sort_spread(
+        // Room for the end marker, so pushing it never regrows.
+        let mut keys = Vec::with_capacity(runs.len() + 1);
+        keys.extend(
             runs.iter()
                 .enumerate()
                 .map(|(i, r)| u64::from(r.lv) << 32 | i as u64),
-            32 + shift,
-            (items >> shift) as usize + 1,
         );
+        let mut by_lv = sort_spread(keys, 32 + shift, (items >> shift) as usize + 1);
         by_lv.push(u64::from(items) << 32 | u64::from(NONE));
         Self { runs, by_lv }
     }
@@ -707,9 +712,17 @@ impl<'a> Layout<'a> {
 
 /// `keys` sorted, in time linear in their number and `buckets` when they
 /// spread evenly: counted into buckets by `key >> shift` (each below
-/// `buckets`), then each bucket sorted on its own.
-fn sort_spread(keys: impl Iterator<Item = u64>, shift: u32, buckets: usize) -> Vec<u64> {
-    let keys: Vec<u64> = keys.collect();
+/// `buckets`), then each bucket sorted on its own. A few keys are sorted
+/// as they are, sparing the buckets' allocations. The result keeps the
+/// capacity `keys` had.
+fn sort_spread(mut keys: Vec<u64>, shift: u32, buckets: usize) -> Vec<u64> {
+    if keys.len() <= 64 {
+        keys.sort_unstable();
+        return keys;
+    }
+    // Counted into `ends[b + 1]`, summed, then each key placed at
+    // `ends[b]`, which it advances: afterwards `ends[b]` is where bucket
+    // `b` ends (and `ends[b - 1]` where it starts).
     let mut ends = vec![0u32; buckets + 1];
     for &k in &keys {
         ends[(k >> shift) as usize + 1] += 1;
@@ -717,18 +730,20 @@ fn sort_spread(keys: impl Iterator<Item = u64>, shift: u32, buckets: usize) -> V
     for b in 1..=buckets {
         ends[b] += ends[b - 1];
     }
-    let mut out = vec![0u64; keys.len()];
-    let mut fill = ends.clone();
-    for k in keys {
+    let mut out = Vec::with_capacity(keys.capacity());
+    out.resize(keys.len(), 0u64);
+    for &k in &keys {
         let b = (k >> shift) as usize;
-        out[fill[b] as usize] = k;
-        fill[b] += 1;
+        out[ends[b] as usize] = k;
+        ends[b] += 1;
     }
-    for b in 0..buckets {
-        let bucket = &mut out[ends[b] as usize..ends[b + 1] as usize];
+    let mut start = 0;
+    for &end in &ends[..buckets] {
+        let bucket = &mut out[start as usize..end as usize];
         if bucket.len() > 1 {
             bucket.sort_unstable();
         }
+        start = end;
     }
     out
 }
@@ -744,4 +759,37 @@ fn union(ranges: impl Iterator<Item = (u32, u32)>) -> Vec<(u32, u32)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sort_spread;
+
+    /// Keys sorted as a plain sort sorts them, few (sorted as they are)
+    /// or many (by buckets), spread evenly or piled into one bucket, with
+    /// the capacity they came with kept.
+    #[test]
+    fn sort_spread_sorts_and_keeps_room() {
+        let mut x = 11u64;
+        for n in [0usize, 1, 2, 64, 65, 300, 5_000] {
+            for piled in [false, true] {
+                let items = 1u64 << 20;
+                let keys: Vec<u64> = (0..n)
+                    .map(|i| {
+                        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                        let lv = if piled { x >> 61 } else { (x >> 40) % items };
+                        lv << 32 | i as u64
+                    })
+                    .collect();
+                let mut expected = keys.clone();
+                expected.sort_unstable();
+                let shift = (items as u32 / n.max(1) as u32).max(1).ilog2();
+                let mut with_room = Vec::with_capacity(n + 1);
+                with_room.extend_from_slice(&keys);
+                let sorted = sort_spread(with_room, 32 + shift, (items >> shift) as usize + 1);
+                assert_eq!(sorted, expected, "n = {n}, piled: {piled}");
+                assert!(sorted.capacity() > n, "n = {n}: room for one more kept");
+            }
+        }
+    }
 }
