@@ -7,10 +7,14 @@
 //! prepending, random inserts, random inserts and deletes), B2 two users
 //! doing the same concurrently, B3 twenty and √n users typing backward
 //! (each keystroke at the start, all at one place) or at random places.
-//! The timed step is **merge**: a replica with nothing receives every
+//! The main timed step is **merge**: a replica with nothing receives every
 //! user's history as that library's update bytes, one user after another,
 //! and integrates it. Both libraries' merged texts are checked equal
-//! before anything is timed (they follow the same ordering rule).
+//! before anything is timed (they follow the same ordering rule). The
+//! users' **local edits** are timed too, as the traces' local replay is:
+//! each user's edits replayed on a fresh copy of its starting document
+//! (calm's `replace`, diamond-types' `insert` and
+//! `delete_without_content`).
 
 use calm::causal::{ReplicaId, VersionVector};
 use calm::text::Text;
@@ -143,15 +147,19 @@ const METRIC: &str = "merge (scenario)";
 /// The metric of every scenario's encoded size (the merged document).
 const SIZE_METRIC: &str = "encoded size (scenario)";
 
+/// The metric of every scenario's local edits.
+const LOCAL_METRIC: &str = "local edits (scenario)";
+
 /// Whether `row` is a scenario's (not a trace's).
 pub fn is_scenario(row: &Row) -> bool {
-    row.metric == METRIC || row.metric == SIZE_METRIC
+    [METRIC, SIZE_METRIC, LOCAL_METRIC].contains(&row.metric.as_str())
 }
 
 /// The scenarios' merge times at `n` and `4n` for calm and diamond-types,
 /// with each side's growth (time at `4n` over time at `n`: 4 is linear,
 /// 16 quadratic), and the merged document's encoded size at `4n`, as a
-/// Markdown table.
+/// Markdown table; then the users' local edits at `n` and `4n`, as a
+/// second table.
 pub fn growth_table(rows: &[Row]) -> String {
     let mut md = format!(
         "Concurrent scenarios (merge, n = {N} and {}): growth is the time at 4n over the time at n (4 is linear, 16 quadratic); size is the merged document encoded.\n\n\
@@ -159,11 +167,12 @@ pub fn growth_table(rows: &[Row]) -> String {
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         4 * N
     );
+    let find = |name: &str, metric: &str, n: usize| {
+        rows.iter()
+            .find(|r| r.metric == metric && r.workload == format!("{name}, n = {n}"))
+    };
     for s in SCENARIOS {
-        let find = |metric: &str, n: usize| {
-            rows.iter()
-                .find(|r| r.metric == metric && r.workload == format!("{}, n = {n}", s.name))
-        };
+        let find = |metric: &str, n: usize| find(s.name, metric, n);
         let (Some(small), Some(large)) = (find(METRIC, N), find(METRIC, 4 * N)) else {
             continue;
         };
@@ -184,13 +193,40 @@ pub fn growth_table(rows: &[Row]) -> String {
             size,
         ));
     }
+    md.push_str(&format!(
+        "\nLocal edits in the same scenarios (every user's edits replayed on a fresh copy of its starting document, as the traces' local replay: calm's `replace` against diamond-types' `insert` and `delete_without_content`), n = {N} and {}:\n\n\
+         | scenario | calm, n | diamond-types, n | calm / diamond-types at n | calm, 4n | diamond-types, 4n | calm / diamond-types at 4n |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        4 * N
+    ));
+    for s in SCENARIOS {
+        let (Some(small), Some(large)) = (
+            find(s.name, LOCAL_METRIC, N),
+            find(s.name, LOCAL_METRIC, 4 * N),
+        ) else {
+            continue;
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            s.name,
+            small.ours,
+            small.theirs,
+            format_ratio(small.ratio()),
+            large.ours,
+            large.theirs,
+            format_ratio(large.ratio()),
+        ));
+    }
     md
 }
 
-/// One user's document in both libraries.
+/// One user's document in both libraries, and the edits that made it.
 struct User {
     calm: Text,
     reference: ListCRDT,
+    /// The user's edits in order: a one-character insert at a place, or
+    /// (`None`) the deletion of the character there.
+    edits: Vec<(usize, Option<char>)>,
 }
 
 /// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`,
@@ -206,12 +242,14 @@ fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng
             .expect("merges");
     }
     let mut len = calm.len();
+    let mut made = Vec::with_capacity(edits);
     for _ in 0..edits {
         let delete = matches!(shape, Shape::RandomEdit) && len > 0 && rng.below(3) == 0;
         if delete {
             let at = rng.below(len as u64) as usize;
             calm.delete(at..at + 1).expect("in range");
             reference.delete_without_content(agent, at..at + 1);
+            made.push((at, None));
             len -= 1;
             continue;
         }
@@ -220,12 +258,41 @@ fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng
             Shape::Prepend => 0,
             Shape::RandomInsert | Shape::RandomEdit => rng.below(len as u64 + 1) as usize,
         };
-        let c = char::from(b'a' + rng.below(26) as u8).to_string();
-        calm.insert(at, &c).expect("in range");
-        reference.insert(agent, at, &c);
+        let c = char::from(b'a' + rng.below(26) as u8);
+        calm.insert(at, c.encode_utf8(&mut [0; 4]))
+            .expect("in range");
+        reference.insert(agent, at, c.encode_utf8(&mut [0; 4]));
+        made.push((at, Some(c)));
         len += 1;
     }
-    User { calm, reference }
+    User {
+        calm,
+        reference,
+        edits: made,
+    }
+}
+
+/// Replays `edits` on `doc`, calm's local editing path.
+fn calm_edits(mut doc: Text, edits: &[(usize, Option<char>)]) -> Text {
+    for &(at, c) in edits {
+        match c {
+            Some(c) => doc.replace(at..at, c.encode_utf8(&mut [0; 4])),
+            None => doc.replace(at..at + 1, ""),
+        }
+        .expect("in range");
+    }
+    doc
+}
+
+/// Replays `edits` on `doc` as `agent`, diamond-types' local editing path.
+fn reference_edits((mut doc, agent): (ListCRDT, u32), edits: &[(usize, Option<char>)]) -> ListCRDT {
+    for &(at, c) in edits {
+        match c {
+            Some(c) => doc.insert(agent, at, c.encode_utf8(&mut [0; 4])),
+            None => doc.delete_without_content(agent, at..at + 1),
+        };
+    }
+    doc
 }
 
 /// A fresh calm replica merging every history in turn.
@@ -304,6 +371,58 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                 ours: Figure::Time(a),
                 theirs: Figure::Time(b),
             });
+            let base_patch = base
+                .as_ref()
+                .map(|b| b.reference.oplog.encode(ENCODE_PATCH));
+            let (a, b) = compare_rounds(
+                Side::batched(
+                    || {
+                        (0..users)
+                            .map(|u| {
+                                let replica = ReplicaId::new(u as u64 + 1);
+                                base.as_ref()
+                                    .map_or_else(|| Text::new(replica), |b| b.calm.fork(replica))
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                    |fresh| {
+                        fresh
+                            .into_iter()
+                            .zip(&docs)
+                            .map(|(doc, u)| calm_edits(doc, &u.edits))
+                            .collect::<Vec<_>>()
+                    },
+                ),
+                Side::batched(
+                    || {
+                        (0..users)
+                            .map(|u| {
+                                let mut doc = ListCRDT::new();
+                                if let Some(patch) = &base_patch {
+                                    doc.merge_data_and_ff(patch).expect("merges");
+                                }
+                                let agent = doc.get_or_create_agent_id(&format!("{:04}", u + 1));
+                                (doc, agent)
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                    |fresh| {
+                        fresh
+                            .into_iter()
+                            .zip(&docs)
+                            .map(|(doc, u)| reference_edits(doc, &u.edits))
+                            .collect::<Vec<_>>()
+                    },
+                ),
+                QUICK_ROUNDS,
+            );
+            rows.push(Row {
+                workload: format!("{}, n = {n}", s.name),
+                metric: LOCAL_METRIC.to_owned(),
+                peer: "diamond-types".to_owned(),
+                ours: Figure::Time(a),
+                theirs: Figure::Time(b),
+            });
         }
     }
     rows
@@ -343,5 +462,25 @@ mod tests {
         let scenario_lines = table.lines().filter(|l| l.starts_with("| B")).count();
         assert_eq!(scenario_lines, 1, "only scenarios with both sizes");
         assert!(is_scenario(&rows[0]) && is_scenario(&rows[2]));
+    }
+
+    /// The local-edits table gives each scenario's ratio at both sizes.
+    #[test]
+    fn local_edits_have_their_own_table() {
+        let row = |n: usize, ours: f64, theirs: f64| Row {
+            workload: format!("B1.4 random inserts, 1 user, n = {n}"),
+            metric: LOCAL_METRIC.to_owned(),
+            peer: "diamond-types".to_owned(),
+            ours: Figure::Time(ours),
+            theirs: Figure::Time(theirs),
+        };
+        let rows = vec![row(N, 3e-3, 2e-3), row(4 * N, 1e-2, 2e-2)];
+        assert!(rows.iter().all(is_scenario));
+        let table = growth_table(&rows);
+        let lines: Vec<&str> = table.lines().filter(|l| l.starts_with("| B")).collect();
+        assert_eq!(lines.len(), 1, "no merge rows, so one local-edits line");
+        let cells: Vec<&str> = lines[0].split('|').map(str::trim).collect();
+        assert_eq!(cells[4], "1.50");
+        assert_eq!(cells[7], "0.50");
     }
 }
