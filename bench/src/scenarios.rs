@@ -220,13 +220,16 @@ pub fn growth_table(rows: &[Row]) -> String {
     md
 }
 
+/// One edit of a user: a one-character insert at a place, or (`None`)
+/// the deletion of the character there.
+type Edit = (usize, Option<char>);
+
 /// One user's document in both libraries, and the edits that made it.
 struct User {
     calm: Text,
     reference: ListCRDT,
-    /// The user's edits in order: a one-character insert at a place, or
-    /// (`None`) the deletion of the character there.
-    edits: Vec<(usize, Option<char>)>,
+    /// The user's edits in order.
+    edits: Vec<Edit>,
 }
 
 /// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`,
@@ -272,8 +275,17 @@ fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng
     }
 }
 
+/// Each user's edits replayed by `replay` on its fresh document.
+fn each_user<D, O>(fresh: Vec<D>, users: &[User], replay: fn(D, &[Edit]) -> O) -> Vec<O> {
+    fresh
+        .into_iter()
+        .zip(users)
+        .map(|(doc, u)| replay(doc, &u.edits))
+        .collect()
+}
+
 /// Replays `edits` on `doc`, calm's local editing path.
-fn calm_edits(mut doc: Text, edits: &[(usize, Option<char>)]) -> Text {
+fn calm_edits(mut doc: Text, edits: &[Edit]) -> Text {
     for &(at, c) in edits {
         match c {
             Some(c) => doc.replace(at..at, c.encode_utf8(&mut [0; 4])),
@@ -285,7 +297,7 @@ fn calm_edits(mut doc: Text, edits: &[(usize, Option<char>)]) -> Text {
 }
 
 /// Replays `edits` on `doc` as `agent`, diamond-types' local editing path.
-fn reference_edits((mut doc, agent): (ListCRDT, u32), edits: &[(usize, Option<char>)]) -> ListCRDT {
+fn reference_edits((mut doc, agent): (ListCRDT, u32), edits: &[Edit]) -> ListCRDT {
     for &(at, c) in edits {
         match c {
             Some(c) => doc.insert(agent, at, c.encode_utf8(&mut [0; 4])),
@@ -385,13 +397,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                             })
                             .collect::<Vec<_>>()
                     },
-                    |fresh| {
-                        fresh
-                            .into_iter()
-                            .zip(&docs)
-                            .map(|(doc, u)| calm_edits(doc, &u.edits))
-                            .collect::<Vec<_>>()
-                    },
+                    |fresh| each_user(fresh, &docs, calm_edits),
                 ),
                 Side::batched(
                     || {
@@ -406,13 +412,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                             })
                             .collect::<Vec<_>>()
                     },
-                    |fresh| {
-                        fresh
-                            .into_iter()
-                            .zip(&docs)
-                            .map(|(doc, u)| reference_edits(doc, &u.edits))
-                            .collect::<Vec<_>>()
-                    },
+                    |fresh| each_user(fresh, &docs, reference_edits),
                 ),
                 QUICK_ROUNDS,
             );
@@ -432,17 +432,22 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
 mod tests {
     use super::*;
 
+    /// A row of `scenario` at size `n`, timed `ours` and `theirs`.
+    fn row(scenario: &str, metric: &str, n: usize, ours: f64, theirs: f64) -> Row {
+        Row {
+            workload: format!("{scenario}, n = {n}"),
+            metric: metric.to_owned(),
+            peer: "diamond-types".to_owned(),
+            ours: Figure::Time(ours),
+            theirs: Figure::Time(theirs),
+        }
+    }
+
     /// The table pairs each scenario's two sizes and divides them; trace
     /// rows are not scenarios.
     #[test]
     fn growth_is_the_larger_time_over_the_smaller() {
-        let row = |n: usize, ours: f64, theirs: f64| Row {
-            workload: format!("B2 prepend, 2 users, n = {n}"),
-            metric: METRIC.to_owned(),
-            peer: "diamond-types".to_owned(),
-            ours: Figure::Time(ours),
-            theirs: Figure::Time(theirs),
-        };
+        let row = |n, ours, theirs| row("B2 prepend, 2 users", METRIC, n, ours, theirs);
         let size = Row {
             metric: SIZE_METRIC.to_owned(),
             ours: Figure::Bytes(100),
@@ -467,13 +472,8 @@ mod tests {
     /// The local-edits table gives each scenario's ratio at both sizes.
     #[test]
     fn local_edits_have_their_own_table() {
-        let row = |n: usize, ours: f64, theirs: f64| Row {
-            workload: format!("B1.4 random inserts, 1 user, n = {n}"),
-            metric: LOCAL_METRIC.to_owned(),
-            peer: "diamond-types".to_owned(),
-            ours: Figure::Time(ours),
-            theirs: Figure::Time(theirs),
-        };
+        let row =
+            |n, ours, theirs| row("B1.4 random inserts, 1 user", LOCAL_METRIC, n, ours, theirs);
         let rows = vec![row(N, 3e-3, 2e-3), row(4 * N, 1e-2, 2e-2)];
         assert!(rows.iter().all(is_scenario));
         let table = growth_table(&rows);
