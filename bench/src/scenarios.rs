@@ -232,27 +232,35 @@ struct User {
     edits: Vec<Edit>,
 }
 
+/// The history every user of a scenario with a shared start begins from:
+/// calm's document and diamond-types' patch of the same edits.
+type Base<'a> = (&'a Text, &'a [u8]);
+
+/// User `u`'s starting document in both libraries (diamond-types' with
+/// the user's agent): empty, or a copy of `base`.
+fn start(u: usize, base: Option<Base<'_>>) -> (Text, (ListCRDT, u32)) {
+    let replica = ReplicaId::new(u as u64 + 1);
+    let mut reference = ListCRDT::new();
+    let calm = match base {
+        Some((doc, patch)) => {
+            reference.merge_data_and_ff(patch).expect("merges");
+            doc.fork(replica)
+        }
+        None => Text::new(replica),
+    };
+    let agent = reference.get_or_create_agent_id(&format!("{:04}", u + 1));
+    (calm, (reference, agent))
+}
+
 /// Builds user `u`'s document: `edits` edits of `shape`, drawn from `rng`,
 /// on top of `base` when given.
-fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng) -> User {
-    let mut calm = Text::new(ReplicaId::new(u as u64 + 1));
-    let mut reference = ListCRDT::new();
-    let agent = reference.get_or_create_agent_id(&format!("{:04}", u + 1));
-    if let Some(base) = base {
-        calm.merge(&base.calm);
-        reference
-            .merge_data_and_ff(&base.reference.oplog.encode(ENCODE_PATCH))
-            .expect("merges");
-    }
+fn user(u: usize, base: Option<Base<'_>>, edits: usize, shape: Shape, rng: &mut Rng) -> User {
+    let (calm, reference) = start(u, base);
     let mut len = calm.len();
     let mut made = Vec::with_capacity(edits);
     for _ in 0..edits {
-        let delete = matches!(shape, Shape::RandomEdit) && len > 0 && rng.below(3) == 0;
-        if delete {
-            let at = rng.below(len as u64) as usize;
-            calm.delete(at..at + 1).expect("in range");
-            reference.delete_without_content(agent, at..at + 1);
-            made.push((at, None));
+        if matches!(shape, Shape::RandomEdit) && len > 0 && rng.below(3) == 0 {
+            made.push((rng.below(len as u64) as usize, None));
             len -= 1;
             continue;
         }
@@ -261,16 +269,12 @@ fn user(u: usize, base: Option<&User>, edits: usize, shape: Shape, rng: &mut Rng
             Shape::Prepend => 0,
             Shape::RandomInsert | Shape::RandomEdit => rng.below(len as u64 + 1) as usize,
         };
-        let c = char::from(b'a' + rng.below(26) as u8);
-        calm.insert(at, c.encode_utf8(&mut [0; 4]))
-            .expect("in range");
-        reference.insert(agent, at, c.encode_utf8(&mut [0; 4]));
-        made.push((at, Some(c)));
+        made.push((at, Some(char::from(b'a' + rng.below(26) as u8))));
         len += 1;
     }
     User {
-        calm,
-        reference,
+        calm: calm_edits(calm, &made),
+        reference: reference_edits(reference, &made),
         edits: made,
     }
 }
@@ -340,8 +344,13 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
             let base = s
                 .shared
                 .then(|| user(users, None, n / 4, Shape::Prepend, &mut rng));
+            let base_patch = base
+                .as_ref()
+                .map(|b| b.reference.oplog.encode(ENCODE_PATCH));
+            let base = base.as_ref().zip(base_patch.as_deref());
+            let base = base.map(|(b, patch)| (&b.calm, patch));
             let docs: Vec<User> = (0..users)
-                .map(|u| user(u, base.as_ref(), n / users, s.shape, &mut rng))
+                .map(|u| user(u, base, n / users, s.shape, &mut rng))
                 .collect();
             let ours: Vec<Vec<u8>> = docs
                 .iter()
@@ -383,35 +392,13 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                 ours: Figure::Time(a),
                 theirs: Figure::Time(b),
             });
-            let base_patch = base
-                .as_ref()
-                .map(|b| b.reference.oplog.encode(ENCODE_PATCH));
             let (a, b) = compare_rounds(
                 Side::batched(
-                    || {
-                        (0..users)
-                            .map(|u| {
-                                let replica = ReplicaId::new(u as u64 + 1);
-                                base.as_ref()
-                                    .map_or_else(|| Text::new(replica), |b| b.calm.fork(replica))
-                            })
-                            .collect::<Vec<_>>()
-                    },
+                    || (0..users).map(|u| start(u, base).0).collect::<Vec<_>>(),
                     |fresh| each_user(fresh, &docs, calm_edits),
                 ),
                 Side::batched(
-                    || {
-                        (0..users)
-                            .map(|u| {
-                                let mut doc = ListCRDT::new();
-                                if let Some(patch) = &base_patch {
-                                    doc.merge_data_and_ff(patch).expect("merges");
-                                }
-                                let agent = doc.get_or_create_agent_id(&format!("{:04}", u + 1));
-                                (doc, agent)
-                            })
-                            .collect::<Vec<_>>()
-                    },
+                    || (0..users).map(|u| start(u, base).1).collect::<Vec<_>>(),
                     |fresh| each_user(fresh, &docs, reference_edits),
                 ),
                 QUICK_ROUNDS,
