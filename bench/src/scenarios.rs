@@ -6,7 +6,8 @@
 //! without seeing each other: B1 one user (no concurrency: appending,
 //! prepending, random inserts, random inserts and deletes), B2 two users
 //! doing the same concurrently, B3 twenty and √n users typing backward
-//! (each keystroke at the start, all at one place) or at random places.
+//! (each keystroke at the start, all at one place), and √n users at
+//! random places (inserts, or inserts and deletes).
 //! The main timed step is **merge**: a replica with nothing receives every
 //! user's history as that library's update bytes, one user after another,
 //! and integrates it. Both libraries' merged texts are checked equal
@@ -134,6 +135,12 @@ const SCENARIOS: &[Scenario] = &[
         name: "B3 random inserts, √n users",
         users: |n| (n as f64).sqrt() as usize,
         shape: Shape::RandomInsert,
+        shared: false,
+    },
+    Scenario {
+        name: "B3 random inserts and deletes, √n users",
+        users: |n| (n as f64).sqrt() as usize,
+        shape: Shape::RandomEdit,
         shared: false,
     },
 ];
