@@ -92,13 +92,27 @@ pub fn compare(ours: Side<'_>, theirs: Side<'_>) -> (f64, f64) {
 
 /// As [`compare`] with `rounds` rounds per side (fewer for workloads
 /// whose single run takes seconds).
-pub fn compare_rounds(mut ours: Side<'_>, mut theirs: Side<'_>, rounds: usize) -> (f64, f64) {
+pub fn compare_rounds(ours: Side<'_>, theirs: Side<'_>, rounds: usize) -> (f64, f64) {
+    compare_uneven(ours, theirs, [rounds, rounds])
+}
+
+/// As [`compare_rounds`] with a number of rounds for each side (more for
+/// a side whose runs are short, where this machine's speed moves most):
+/// the side with fewer rounds has them spread evenly among the other's.
+pub fn compare_uneven(mut ours: Side<'_>, mut theirs: Side<'_>, rounds: [usize; 2]) -> (f64, f64) {
     let (n_ours, n_theirs) = (ours.calibrate(), theirs.calibrate());
-    let mut a: Vec<f64> = Vec::with_capacity(rounds);
-    let mut b: Vec<f64> = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        a.push(ours.round(n_ours));
-        b.push(theirs.round(n_theirs));
+    let mut a: Vec<f64> = Vec::with_capacity(rounds[0]);
+    let mut b: Vec<f64> = Vec::with_capacity(rounds[1]);
+    let steps = rounds[0].max(rounds[1]).max(1);
+    // Side `k` runs at step `i` when `i * rounds[k] / steps` moves on.
+    let due = |k: usize, i: usize| (i * rounds[k]) / steps != ((i + 1) * rounds[k]) / steps;
+    for i in 0..steps {
+        if due(0, i) {
+            a.push(ours.round(n_ours));
+        }
+        if due(1, i) {
+            b.push(theirs.round(n_theirs));
+        }
     }
     (median(&mut a), median(&mut b))
 }

@@ -23,16 +23,16 @@ use calm::{DeltaMerge, Merge, codec};
 use diamond_types::list::ListCRDT;
 use diamond_types::list::encoding::{ENCODE_FULL, ENCODE_PATCH};
 
-use crate::harness::{Figure, Row, Side, compare_rounds, format_ratio};
+use crate::harness::{Figure, Row, Side, compare_rounds, compare_uneven, format_ratio};
 use crate::rng::Rng;
 
-/// Rounds per side where one side's merge takes [`QUICK`] or more (a
-/// round of the largest scenario takes seconds).
+/// Rounds of a side whose merge takes [`QUICK`] or more (a round of the
+/// largest scenario takes seconds).
 const ROUNDS: usize = 3;
 
-/// Rounds per side where both sides merge in less than [`QUICK`]: a
-/// median of many short alternating rounds, because at a few
-/// microseconds this machine's speed moves by a third within seconds.
+/// Rounds of a side that merges in less than [`QUICK`]: a median of many
+/// short rounds, alternating with the other side's, because this
+/// machine's speed moves by a third within seconds.
 const QUICK_ROUNDS: usize = 15;
 
 /// A merge this fast gets [`QUICK_ROUNDS`].
@@ -372,7 +372,7 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
             let ours_took = started.elapsed();
             let started = std::time::Instant::now();
             let b = reference_merge(&theirs);
-            let quick = ours_took.max(started.elapsed()) < QUICK;
+            let theirs_took = started.elapsed();
             assert_eq!(
                 a.to_string(),
                 b.branch.content().to_string(),
@@ -387,10 +387,11 @@ pub fn run(filter: Option<&str>) -> Vec<Row> {
                 ours: Figure::Bytes(codec::to_bytes(&a).len()),
                 theirs: Figure::Bytes(b.oplog.encode(ENCODE_FULL).len()),
             });
-            let (a, b) = compare_rounds(
+            let rounds = |took| if took < QUICK { QUICK_ROUNDS } else { ROUNDS };
+            let (a, b) = compare_uneven(
                 Side::batched(|| (), |()| calm_merge(&ours)),
                 Side::batched(|| (), |()| reference_merge(&theirs)),
-                if quick { QUICK_ROUNDS } else { ROUNDS },
+                [rounds(ours_took), rounds(theirs_took)],
             );
             rows.push(Row {
                 workload: format!("{}, n = {n}", s.name),
