@@ -261,7 +261,7 @@ impl Tree {
         &self,
         mut target: usize,
         stick_left: bool,
-        unit: fn(&Metrics) -> usize,
+        unit: impl Fn(&Metrics) -> usize,
     ) -> (u32, Metrics) {
         let mut before = Metrics::default();
         if self.nodes.is_empty() {
