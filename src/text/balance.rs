@@ -476,7 +476,7 @@ fn split_point(leaf: &mut Leaf) -> (usize, usize) {
     }
     // Over the byte budget: cut at the character in the middle of the text.
     let half = leaf.chars / 2;
-    let (i, offset) = visible_index_from(&leaf.runs, half, (0, 0));
+    let (i, offset) = visible_index_from(&leaf.runs, leaf.chars, half, (0, 0));
     if offset > 0 {
         let (l, r) = leaf.runs[i].split(offset);
         leaf.runs[i] = l;

@@ -747,14 +747,15 @@ impl Tree {
             let here = len.min(l.chars - from);
             if here > 0 {
                 // The deleted characters are contiguous in the leaf's text:
-                // cut them in one go, then turn their runs into tombstones.
+                // cut them in one go, then turn their runs (which count
+                // them still: `old.chars` visible) into tombstones.
                 let old = Metrics::of(l);
                 self.cut_text(leaf, from, here);
                 let l = &self.leaves[leaf as usize];
                 let (mut i, mut offset) = if first {
-                    visible_index_from(&l.runs, from, hint)
+                    visible_index_from(&l.runs, old.chars, from, hint)
                 } else {
-                    visible_index_from(&l.runs, from, (0, 0))
+                    visible_index_from(&l.runs, old.chars, from, (0, 0))
                 };
                 let mut left = here;
                 while left > 0 {
@@ -1038,15 +1039,22 @@ fn reaching_from_end(runs: &[Run], total: usize, k: usize) -> (usize, usize) {
     (j - 1, through - runs[j - 1].visible() as usize)
 }
 
-/// The run holding visible character `chars` of `runs` (skipping
-/// tombstones) and the offset of that character in it, scanning from the
-/// hint `(run, visible characters before it)` when it is not past `chars`.
-pub(super) fn visible_index_from(runs: &[Run], chars: usize, hint: (usize, usize)) -> (usize, u32) {
-    let (start, mut acc) = if hint.1 <= chars && hint.0 <= runs.len() {
-        hint
-    } else {
-        (0, 0)
-    };
+/// The run holding visible character `chars` (`< total`) of `runs`, which
+/// hold `total` visible characters (skipping tombstones), and the offset of
+/// that character in it, scanning from the hint `(run, visible characters
+/// before it)` when it is not past `chars`, else from the nearer end.
+pub(super) fn visible_index_from(
+    runs: &[Run],
+    total: usize,
+    chars: usize,
+    hint: (usize, usize),
+) -> (usize, u32) {
+    let hinted = hint != (0, 0) && hint.1 <= chars && hint.0 <= runs.len();
+    if !hinted && chars > total / 2 {
+        let (i, before) = reaching_from_end(runs, total, chars + 1);
+        return (i, (chars - before) as u32);
+    }
+    let (start, mut acc) = if hinted { hint } else { (0, 0) };
     for (i, r) in runs.iter().enumerate().skip(start) {
         let v = r.visible() as usize;
         if chars < acc + v {
