@@ -257,6 +257,12 @@ impl Tree {
     /// unit: `unit(m)` reads the count to descend by.
     /// A stale leaf's counts (see [`Tree::stale`](Tree)) are corrected
     /// along its path; the searches of edits flush it first instead.
+    ///
+    /// Generic over `unit`, so the count it reads is inlined instead of
+    /// called per child through a pointer (a random insert 6.7% faster),
+    /// and out of line, so the callers' fast paths (typing where the
+    /// cursor is) stay small (inlined, it cost the traces 2-3%).
+    #[inline(never)]
     fn descend(
         &self,
         mut target: usize,
