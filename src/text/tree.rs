@@ -250,11 +250,13 @@ impl Tree {
         })
     }
 
-    /// The leaf holding the place `chars` characters from the start and the
-    /// metrics before that leaf. With `stick_left`, a place on a boundary
-    /// goes to the leaf on its left (the one holding character `chars - 1`);
-    /// otherwise to the one holding character `chars`. Uses the selected
-    /// unit: `unit(m)` reads the count to descend by.
+    /// The leaf holding the place `target` units from the start, and how
+    /// many units into that leaf the place is. With `stick_left`, a place
+    /// on a boundary goes to the leaf on its left (the one holding unit
+    /// `target - 1`); otherwise to the one holding unit `target`. `unit(m)`
+    /// reads the count to descend by; `skipped` is shown the metrics of
+    /// every subtree passed over on the left (the callers each sum the one
+    /// count they need, or none).
     /// A stale leaf's counts (see [`Tree::stale`](Tree)) are corrected
     /// along its path; the searches of edits flush it first instead.
     ///
@@ -268,10 +270,10 @@ impl Tree {
         mut target: usize,
         stick_left: bool,
         unit: impl Fn(&Metrics) -> usize,
-    ) -> (u32, Metrics) {
-        let mut before = Metrics::default();
+        mut skipped: impl FnMut(&Metrics),
+    ) -> (u32, usize) {
         if self.nodes.is_empty() {
-            return (0, before);
+            return (0, target);
         }
         let stale = self.stale_path();
         let (mut node_id, mut depth) = (self.root, 0);
@@ -300,12 +302,12 @@ impl Tree {
                     break;
                 }
                 target -= c;
-                before.add(m);
+                skipped(&m);
                 i += 1;
             }
             let child = node.children[i];
             if node.leaves {
-                return (child, before);
+                return (child, target);
             }
             (node_id, depth) = (child, depth + 1);
         }
@@ -345,8 +347,8 @@ impl Tree {
             }
         }
         self.flush();
-        let (leaf, before) = self.descend(chars, stick_left, |m| m.chars);
-        (leaf, before.chars)
+        let (leaf, into) = self.descend(chars, stick_left, |m| m.chars, |_| {});
+        (leaf, chars - into)
     }
 
     /// Where a local insert at character `chars` (`<= len`) goes: right
@@ -995,9 +997,9 @@ impl Tree {
         if target > unit(&self.total) {
             return Err(());
         }
-        let (leaf, before) = self.descend(target, true, unit);
-        let mut at = unit(&before);
-        let mut chars = before.chars;
+        let mut chars = 0;
+        let (leaf, into) = self.descend(target, true, unit, |m| chars += m.chars);
+        let mut at = target - into;
         for c in self.leaves[leaf as usize].text.chars() {
             if at >= target {
                 break;
@@ -1015,9 +1017,9 @@ impl Tree {
         unit: fn(&Metrics) -> usize,
         width: fn(char) -> usize,
     ) -> usize {
-        let (leaf, before) = self.descend(chars, true, |m| m.chars);
-        let take = chars - before.chars;
-        unit(&before)
+        let mut before = 0;
+        let (leaf, take) = self.descend(chars, true, |m| m.chars, |m| before += unit(m));
+        before
             + self.leaves[leaf as usize]
                 .text
                 .chars()
