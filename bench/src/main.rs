@@ -8,8 +8,9 @@
 //! `partition` (a single writer per key against locks, and the partition
 //! log against its raw transactions; `partition log` runs only the latter),
 //! `text` (the traces, then the concurrent trace and scenarios; the filter
-//! picks traces and scenarios whose name contains it, `B2` say, and `cjk`
-//! replays the traces with their letters as CJK characters); `report` runs
+//! picks traces and scenarios whose name contains it, `B2` say, `cjk`
+//! replays the traces with their letters as CJK characters, and
+//! `synthetic` runs generated traces of other shapes); `report` runs
 //! them all and writes `BENCHMARKS.md` (`report text` reruns one suite and
 //! replaces only its section).
 
@@ -26,6 +27,7 @@ mod redis;
 mod report;
 mod rng;
 mod scenarios;
+mod synthetic;
 mod text;
 
 /// Every allocation is counted, for the heap figures of the `text` suite.

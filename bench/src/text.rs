@@ -57,14 +57,18 @@ pub struct Patch {
 
 /// A sequential trace, ready to replay.
 pub struct Trace {
-    name: String,
-    patches: Vec<Patch>,
-    end: String,
+    pub(crate) name: String,
+    pub(crate) patches: Vec<Patch>,
+    pub(crate) end: String,
 }
 
 /// The filter that replays every trace with its ASCII letters as CJK
 /// characters (three bytes each in UTF-8): text that is not ASCII.
 const CJK: &str = "cjk";
+
+/// The filter that runs the synthetic traces (`synthetic.rs`) instead,
+/// against diamond-types and jumprope.
+const SYNTHETIC: &str = "synthetic";
 
 /// `s` with each ASCII letter mapped to a CJK character.
 fn letters_as_cjk(s: &str) -> String {
@@ -111,32 +115,51 @@ fn traces(filter: Option<&str>) -> Vec<Trace> {
                 return None;
             }
             let v = read_trace(&path);
-            let mut rope = ropey::Rope::new();
-            let mut patches = Vec::new();
-            for txn in v["txns"].as_array().expect("txns") {
-                for p in txn["patches"].as_array().expect("patches") {
+            let edits = v["txns"]
+                .as_array()
+                .expect("txns")
+                .iter()
+                .flat_map(|txn| txn["patches"].as_array().expect("patches"))
+                .map(|p| {
                     let pos = p[0].as_u64().expect("pos") as usize;
                     let del = p[1].as_u64().expect("del") as usize;
-                    let ins = text(p[2].as_str().expect("ins"));
-                    let pos8 = rope.char_to_byte(pos);
-                    let del8 = rope.char_to_byte(pos + del) - pos8;
-                    rope.remove(pos..pos + del);
-                    rope.insert(pos, &ins);
-                    patches.push(Patch {
-                        pos,
-                        del,
-                        ins_chars: ins.chars().count(),
-                        ins,
-                        pos8,
-                        del8,
-                    });
-                }
-            }
+                    (pos, del, text(p[2].as_str().expect("ins")))
+                });
+            let trace = Trace::new(name, edits);
             let end = text(v["endContent"].as_str().expect("endContent"));
-            assert_eq!(rope.to_string(), end, "{name}: trace does not replay");
-            Some(Trace { name, patches, end })
+            assert_eq!(trace.end, end, "{}: trace does not replay", trace.name);
+            Some(trace)
         })
         .collect()
+}
+
+impl Trace {
+    /// The trace of `edits` (position and deletion length in characters,
+    /// inserted text) from an empty document; replays them on a rope,
+    /// untimed, for their byte positions and the final text.
+    pub(crate) fn new(
+        name: String,
+        edits: impl IntoIterator<Item = (usize, usize, String)>,
+    ) -> Self {
+        let mut rope = ropey::Rope::new();
+        let mut patches = Vec::new();
+        for (pos, del, ins) in edits {
+            let pos8 = rope.char_to_byte(pos);
+            let del8 = rope.char_to_byte(pos + del) - pos8;
+            rope.remove(pos..pos + del);
+            rope.insert(pos, &ins);
+            patches.push(Patch {
+                pos,
+                del,
+                ins_chars: ins.chars().count(),
+                ins,
+                pos8,
+                del8,
+            });
+        }
+        let end = rope.to_string();
+        Self { name, patches, end }
+    }
 }
 
 /// The JSON of the gzip-compressed trace at `path`.
@@ -711,6 +734,16 @@ fn crdt_rows<P: Crdt>(t: &Trace, rows: &mut Vec<Row>) {
 /// concurrent scenario (or those whose name contains `filter`).
 pub fn run(filter: Option<&str>) -> Vec<Row> {
     let mut rows = Vec::new();
+    if filter == Some(SYNTHETIC) {
+        for t in crate::synthetic::traces() {
+            eprintln!("{}: {} patches", t.name, t.patches.len());
+            replay_rows::<DiamondTypes>(&t, &mut rows);
+            replay_with_ops_row::<DiamondTypes>(&t, &mut rows);
+            crdt_rows::<DiamondTypes>(&t, &mut rows);
+            replay_rows::<JumpRope>(&t, &mut rows);
+        }
+        return rows;
+    }
     for t in traces(filter) {
         eprintln!("{}: {} patches", t.name, t.patches.len());
         replay_rows::<DiamondTypes>(&t, &mut rows);
