@@ -203,10 +203,18 @@ impl Tree {
     }
 
     /// Splits `leaf` (and the halves, recursively) while it is overfull.
+    /// The check is inlined into every edit; the split, rare, is not.
+    #[inline]
     pub(super) fn split_if_needed(&mut self, leaf: u32) {
-        if !self.leaves[leaf as usize].overfull() {
-            return;
+        if self.leaves[leaf as usize].overfull() {
+            self.split_overfull(leaf);
         }
+    }
+
+    /// [`Tree::split_if_needed`] for a leaf that is overfull.
+    #[cold]
+    #[inline(never)]
+    fn split_overfull(&mut self, leaf: u32) {
         let right = self.split_leaf(leaf);
         self.split_if_needed(leaf);
         self.split_if_needed(right);
