@@ -340,7 +340,10 @@ impl Text {
         self.check_room(n)?;
         let pos = range.start;
         let inserted = counter + range.len() as u64;
-        self.delete_at(range, counter, None);
+        // Most edits only type: no call for an empty deletion.
+        if !range.is_empty() {
+            self.delete_at(range, counter, None);
+        }
         if n > 0 {
             self.insert_at(pos, text, n, inserted);
         }

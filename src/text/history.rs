@@ -548,15 +548,7 @@ impl History {
                 && origin_right == last.origin_right
         });
         if !extends {
-            if self.agents.len() > 1 {
-                self.agents[agent as usize]
-                    .inserts
-                    .push(self.inserts.len() as u32);
-            }
-            reserve_lean(&mut self.inserts, 1, 16);
-            reserve_lean(&mut self.lvs, 1, 16);
-            self.lvs.push(lv);
-            self.inserts.push(InsertEntry {
+            self.push_insert_entry(InsertEntry {
                 counter: narrow(counter),
                 agent,
                 origin_left,
@@ -564,12 +556,36 @@ impl History {
             });
         }
         self.items += len;
+        if ((self.slots.len() as u64) << SLOT) < u64::from(self.items) {
+            self.extend_slots();
+        }
+        self.agents[agent as usize].known = counter + u64::from(len) - 1;
+        lv
+    }
+
+    /// Starts a new insert entry at local version `items`. Out of line,
+    /// as is [`History::extend_slots`], so that typing on, which extends
+    /// the last entry, saves and restores no registers for them.
+    #[inline(never)]
+    fn push_insert_entry(&mut self, entry: InsertEntry) {
+        if self.agents.len() > 1 {
+            self.agents[entry.agent as usize]
+                .inserts
+                .push(self.inserts.len() as u32);
+        }
+        reserve_lean(&mut self.inserts, 1, 16);
+        reserve_lean(&mut self.lvs, 1, 16);
+        self.lvs.push(self.items);
+        self.inserts.push(entry);
+    }
+
+    /// Points the slots up to local version `items` at the last entry.
+    #[inline(never)]
+    fn extend_slots(&mut self) {
         let entry = self.inserts.len() as u32 - 1;
         while ((self.slots.len() as u64) << SLOT) < u64::from(self.items) {
             self.slots.push(entry);
         }
-        self.agents[agent as usize].known = counter + u64::from(len) - 1;
-        lv
     }
 
     /// Records `len` delete events of `agent` from `counter` (its next),
