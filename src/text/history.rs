@@ -531,6 +531,7 @@ impl History {
     /// must be the agent's next), with the first character's origins, and
     /// returns the local version of the first one. Extends the last entry
     /// when the characters continue it.
+    #[inline]
     pub(crate) fn push_insert(
         &mut self,
         agent: u32,

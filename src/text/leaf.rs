@@ -179,6 +179,7 @@ impl Leaf {
 
     /// Inserts `text` at byte `byte` of the leaf's text, growing it by a
     /// little more than `text` when it lacks room.
+    #[inline]
     pub(crate) fn insert_text(&mut self, byte: usize, text: &str) {
         if self.text.capacity() - self.text.len() < text.len() {
             self.text.reserve_exact(text.len() + TEXT_STEP);
