@@ -374,6 +374,7 @@ impl Text {
     /// Inserts `text` (`n > 0` characters) at `pos` as this replica's
     /// events from `counter`, checked by the caller; returns the new
     /// text's neighbours (its origins), as local versions.
+    #[inline]
     fn insert_at(&mut self, pos: usize, text: &str, n: usize, counter: u64) -> (u32, u32) {
         let agent = self.local_agent();
         let at = self.tree.insert_point(pos);

@@ -205,17 +205,25 @@ impl Leaf {
     /// nothing); otherwise characters are counted a block of bytes at a
     /// time from the nearest of the leaf's ends and its mark, and the mark
     /// moves here.
+    #[inline]
     pub(crate) fn byte_of(&self, chars: usize) -> usize {
         if self.text.len() == self.chars {
             return chars;
         }
+        let (mc, mb) = self.mark.get();
+        if chars == mc as usize {
+            // Typing on where the last edit was.
+            return mb as usize;
+        }
+        self.count_to_byte(chars)
+    }
+
+    /// [`Leaf::byte_of`] in text that is not ASCII, away from the mark.
+    #[inline(never)]
+    fn count_to_byte(&self, chars: usize) -> usize {
         // Count from the nearest of the start, the mark and the end.
         let (mc, mb) = self.mark.get();
         let (mc, mb) = (mc as usize, mb as usize);
-        if chars == mc {
-            // Typing on where the last edit was.
-            return mb;
-        }
         let byte = if chars >= mc {
             if chars - mc <= self.chars - chars {
                 mb + byte_at(&self.text[mb..], chars - mc)
