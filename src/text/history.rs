@@ -181,6 +181,10 @@ pub(crate) enum Lookup {
 /// Local versions per slot of [`History::slots`], as a shift.
 const SLOT: u32 = 8;
 
+/// The longest range [`History::first_within_depth`] reads character by
+/// character (past it, one entry search per entry piece costs less).
+const SHORT_RANGE: u32 = 16;
+
 /// The replica table and both logs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct History {
@@ -206,8 +210,8 @@ pub(crate) struct History {
     /// The end of the chain (see [`History::chain_end`]) of entries' first
     /// characters that link to another, by local version, once found.
     chain_ends: HashMap<u32, u32>,
-    /// The depth (see [`History::depth`]) of the first character of each
-    /// of the first `depths.len()` insert entries, filled in on demand:
+    /// The depth (see [`History::depth`]) of each of the first
+    /// `depths.len()` characters, by local version, filled in on demand:
     /// only a merge of concurrent edits asks, so a document edited in one
     /// place holds none.
     depths: Vec<u32>,
@@ -350,59 +354,64 @@ impl History {
     /// characters that follow `x` and are deeper than it are exactly its
     /// descendants, up to the first that is not deeper. Integration skips
     /// a concurrent sibling's descendants that way.
-    pub(crate) fn depth(&mut self, lv: u32) -> u32 {
-        let e = self.entry_of(lv);
-        self.entry_depth(e).saturating_add(lv - self.lvs[e])
-    }
-
-    /// The depth of insert entry `e`'s first character; its others follow
-    /// one deeper each (each names the one before as its left origin).
-    /// Fills in the depths of the entries before it first: an entry's left
-    /// origin is an earlier character, so one pass in order computes them.
     #[inline]
-    fn entry_depth(&mut self, e: usize) -> u32 {
-        if self.depths.len() <= e {
-            self.fill_depths(e);
+    pub(crate) fn depth(&mut self, lv: u32) -> u32 {
+        if self.depths.len() <= lv as usize {
+            self.fill_depths(lv);
         }
-        self.depths[e]
+        self.depths[lv as usize]
     }
 
-    /// Computes the depths of the entries up to `e` (see
-    /// [`History::entry_depth`]), out of line: most calls find the depth
-    /// already there, and inline only that check.
+    /// Computes the depths of the characters up to `lv` (see
+    /// [`History::depth`]), in local-version order: a character's left
+    /// origin is an earlier one (the one before, inside an entry), so one
+    /// pass computes them. Out of line: most calls find the depth already
+    /// there, and inline only that check.
     #[inline(never)]
-    fn fill_depths(&mut self, e: usize) {
-        while self.depths.len() <= e {
-            let i = self.depths.len();
-            let left = self.inserts[i].origin_left;
-            // A left origin at or after its entry only comes from crafted
-            // bytes; any depth keeps integration moving forward.
-            let d = if left == NONE || left >= self.lvs[i] {
+    fn fill_depths(&mut self, lv: u32) {
+        let from = self.depths.len() as u32;
+        self.depths.reserve((lv - from) as usize + 1);
+        let mut e = self.entry_of(from);
+        for at in from..=lv {
+            if self.lvs.get(e + 1) == Some(&at) {
+                e += 1;
+            }
+            let left = if at == self.lvs[e] {
+                self.inserts[e].origin_left
+            } else {
+                at - 1
+            };
+            // A left origin at or after its character only comes from
+            // crafted bytes; any depth keeps integration moving forward.
+            let d = if left == NONE || left >= at {
                 1
             } else {
-                let o = self.entry_of(left);
-                self.depths[o]
-                    .saturating_add(left - self.lvs[o])
-                    .saturating_add(1)
+                self.depths[left as usize].saturating_add(1)
             };
             self.depths.push(d);
         }
     }
 
     /// The offset in `lv .. lv + n` of its first character at depth `d`
-    /// or less, if any. Depth grows along an entry, so only the first
-    /// character of each entry's piece of the range can be the one.
+    /// or less, if any. Depth grows along an entry, so in a long range
+    /// only the first character of each entry's piece of it can be the
+    /// one; a short one is read character by character, with no search
+    /// for its entries.
     #[inline]
     pub(crate) fn first_within_depth(&mut self, lv: u32, n: u32, d: u32) -> Option<u32> {
         let end = lv + n;
+        if n <= SHORT_RANGE {
+            self.depth(end - 1);
+            let depths = &self.depths[lv as usize..end as usize];
+            return depths.iter().position(|&x| x <= d).map(|k| k as u32);
+        }
         let mut at = lv;
         let mut e = self.entry_of(lv);
         while at < end {
-            let start = self.lvs[e];
-            if self.entry_depth(e).saturating_add(at - start) <= d {
+            if self.depth(at) <= d {
                 return Some(at - lv);
             }
-            at = start + self.entry_len(e);
+            at = self.lvs[e] + self.entry_len(e);
             e += 1;
         }
         None

@@ -15,7 +15,7 @@ use crate::merge::{DeltaMerge, Merge};
 /// How many items of a concurrent sibling's subtree the scan placing a
 /// remote insert steps past one by one before it searches for the
 /// subtree's end by depth: small subtrees are passed at once anyway, and
-/// the first search computes the depth of every earlier insert entry (4
+/// the first search computes the depth of every earlier character (4
 /// bytes each, kept), which only pays where subtrees are large.
 const DEEP_SUBTREE: u32 = 4;
 

@@ -178,7 +178,8 @@
 //!   the first few, the scan passes them in one search over the leaves
 //!   (each keeps a lower bound of its items' depths) instead of item by
 //!   item. The depths are computed on that first search and kept (4 bytes
-//!   per insert entry).
+//!   per character), so a search reads a short run's depths directly,
+//!   with no search for the entries its characters belong to.
 //!
 //! The bench's concurrent scenarios (the B1–B3 family of dmonad's
 //! crdt-benchmarks, at n and 4n) show the growth beside diamond-types.
