@@ -12,13 +12,6 @@ use super::{MAX_CHARS, NONE};
 use crate::causal::{Dot, ReplicaId, VersionVector};
 use crate::merge::{DeltaMerge, Merge};
 
-/// How many items of a concurrent sibling's subtree the scan placing a
-/// remote insert steps past one by one before it searches for the
-/// subtree's end by depth: small subtrees are passed at once anyway, and
-/// the first search computes the depth of every earlier character (4
-/// bytes each, kept), which only pays where subtrees are large.
-const DEEP_SUBTREE: u32 = 4;
-
 /// What [`Text::apply`] did with an op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -403,8 +396,6 @@ impl Text {
         // The last item passed whose left origin is `left` (a concurrent
         // sibling), once one is.
         let mut sibling = NONE;
-        // Items stepped past since then, inside its subtree.
-        let mut passed = 0u32;
         let mut checked = left == NONE || right == NONE;
         let misplaced = TextError::InvalidOp {
             what: "right origin not after the left origin",
@@ -444,7 +435,6 @@ impl Text {
                 Less => break,
                 Equal => {
                     sibling = other;
-                    passed = 0;
                     let right_pos = *right_pos.get_or_insert_with(|| self.pos_of(right));
                     match self.order(oright, right, right_pos, false) {
                         Less => {
@@ -473,12 +463,15 @@ impl Text {
                         Greater => scanning = false,
                     }
                 }
-                Greater if sibling != NONE && passed >= DEEP_SUBTREE => {
-                    // Deep in the subtree of the last sibling passed: none
-                    // of its descendants changes the outcome, and they run
-                    // up to the first item no deeper than it (the document
-                    // is a pre-order walk of the left-origin tree), so go
-                    // there in one search instead of item by item.
+                Greater if sibling != NONE => {
+                    // In the subtree of the last sibling passed: none of
+                    // its descendants changes the outcome, and they run up
+                    // to the first item no deeper than it (the document is
+                    // a pre-order walk of the left-origin tree), so go
+                    // there in one search instead of item by item (the
+                    // first search computes the depth of every earlier
+                    // character, 4 bytes each, kept; a depth is then one
+                    // read).
                     let depth = self.history.depth(sibling);
                     let from = self.tree.after(p);
                     let (Ok(to) | Err(to)) =
@@ -494,7 +487,9 @@ impl Text {
                     }
                     continue;
                 }
-                Greater => passed += 1,
+                // Only crafted origins pass an item in no sibling's
+                // subtree: step past it.
+                Greater => {}
             }
             // The rest of this run, up to the end of `other`'s insert entry,
             // are `other`'s descendants typed after it: skip them at once,

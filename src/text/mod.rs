@@ -174,8 +174,8 @@
 //!   document is a pre-order walk of it, since an item is only ever placed
 //!   right after its left origin or after whole subtrees of that origin's
 //!   other children. So a concurrent sibling's descendants are the items
-//!   after it that are deeper than it, up to the first that is not: past
-//!   the first few, the scan passes them in one search over the leaves
+//!   after it that are deeper than it, up to the first that is not: the
+//!   scan passes them in one search over the leaves
 //!   (each keeps a lower bound of its items' depths) instead of item by
 //!   item. The depths are computed on that first search and kept (4 bytes
 //!   per character), so a search reads a short run's depths directly,
