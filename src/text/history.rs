@@ -185,6 +185,12 @@ const SLOT: u32 = 8;
 /// character (past it, one entry search per entry piece costs less).
 const SHORT_RANGE: u32 = 16;
 
+/// Characters per insert entry whose depths [`History::depth`] keeps one
+/// by one: past `DEPTHS_PER_ENTRY` times the entries, a depth is computed
+/// from its entry's, so the table stays bounded by the entries (a decoded
+/// run of deleted characters claims any length for a few bytes).
+const DEPTHS_PER_ENTRY: usize = 16;
+
 /// The replica table and both logs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct History {
@@ -213,8 +219,12 @@ pub(crate) struct History {
     /// The depth (see [`History::depth`]) of each of the first
     /// `depths.len()` characters, by local version, filled in on demand:
     /// only a merge of concurrent edits asks, so a document edited in one
-    /// place holds none.
+    /// place holds none. At most [`DEPTHS_PER_ENTRY`] per insert entry.
     depths: Vec<u32>,
+    /// The depth of the first character of each of the first
+    /// `entry_depths.len()` insert entries, for characters past `depths`'
+    /// bound.
+    entry_depths: Vec<u32>,
 }
 
 impl History {
@@ -356,10 +366,46 @@ impl History {
     /// a concurrent sibling's descendants that way.
     #[inline]
     pub(crate) fn depth(&mut self, lv: u32) -> u32 {
-        if self.depths.len() <= lv as usize {
-            self.fill_depths(lv);
+        match self.depths.get(lv as usize) {
+            Some(&d) => d,
+            None => self.depth_to_find(lv),
         }
-        self.depths[lv as usize]
+    }
+
+    /// [`History::depth`] of a character not in `depths` yet: filled in up
+    /// to it when within their bound, else its entry's depth plus its
+    /// offset there (the characters of an entry each name the one before
+    /// as left origin).
+    #[inline(never)]
+    fn depth_to_find(&mut self, lv: u32) -> u32 {
+        if self.tabled(lv) {
+            self.fill_depths(lv);
+            return self.depths[lv as usize];
+        }
+        let e = self.entry_of(lv);
+        while self.entry_depths.len() <= e {
+            let i = self.entry_depths.len();
+            let left = self.inserts[i].origin_left;
+            // As in `fill_depths`.
+            let d = if left == NONE || left >= self.lvs[i] {
+                1
+            } else if let Some(&d) = self.depths.get(left as usize) {
+                d.saturating_add(1)
+            } else {
+                let o = self.entry_of(left);
+                self.entry_depths[o]
+                    .saturating_add(left - self.lvs[o])
+                    .saturating_add(1)
+            };
+            self.entry_depths.push(d);
+        }
+        self.entry_depths[e].saturating_add(lv - self.lvs[e])
+    }
+
+    /// Whether `depths` may hold character `lv` (see
+    /// [`DEPTHS_PER_ENTRY`]).
+    fn tabled(&self, lv: u32) -> bool {
+        (lv as usize) < self.inserts.len().saturating_mul(DEPTHS_PER_ENTRY)
     }
 
     /// Computes the depths of the characters up to `lv` (see
@@ -400,7 +446,7 @@ impl History {
     #[inline]
     pub(crate) fn first_within_depth(&mut self, lv: u32, n: u32, d: u32) -> Option<u32> {
         let end = lv + n;
-        if n <= SHORT_RANGE {
+        if n <= SHORT_RANGE && self.tabled(end - 1) {
             self.depth(end - 1);
             let depths = &self.depths[lv as usize..end as usize];
             return depths.iter().position(|&x| x <= d).map(|k| k as u32);
@@ -676,6 +722,24 @@ fn narrow(counter: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Depths are kept one by one only up to a bound set by the insert
+    /// entries: a run of a billion characters claimed by a few bytes keeps
+    /// its depths by entry, and each still comes out right (every
+    /// character of an entry names the one before as left origin).
+    #[test]
+    fn depths_of_a_long_entry_stay_bounded() {
+        let mut h = History::default();
+        let a = h.intern(ReplicaId::new(1));
+        let long = 1u32 << 30;
+        let first = h.push_insert(a, 1, long, NONE, NONE);
+        let last = first + long - 1;
+        let after = h.push_insert(a, u64::from(long) + 7, 3, first + 5, NONE);
+        assert_eq!(h.depth(last), long);
+        assert_eq!(h.depth(first + 3), 4);
+        assert_eq!(h.depth(after + 2), 6 + 3);
+        assert!(h.depths.len() <= 2 * DEPTHS_PER_ENTRY);
+    }
 
     /// `entry_of` finds every character's entry wherever slots hold few or
     /// many entries: short entries of two replicas in turn (up to 256 in
