@@ -385,18 +385,16 @@ impl History {
         let e = self.entry_of(lv);
         while self.entry_depths.len() <= e {
             let i = self.entry_depths.len();
-            let left = self.inserts[i].origin_left;
-            // As in `fill_depths`.
-            let d = if left == NONE || left >= self.lvs[i] {
-                1
-            } else if let Some(&d) = self.depths.get(left as usize) {
-                d.saturating_add(1)
-            } else {
-                let o = self.entry_of(left);
-                self.entry_depths[o]
-                    .saturating_add(left - self.lvs[o])
-                    .saturating_add(1)
-            };
+            let d = depth_below(self.inserts[i].origin_left, self.lvs[i], |left| match self
+                .depths
+                .get(left as usize)
+            {
+                Some(&d) => d,
+                None => {
+                    let o = self.entry_of(left);
+                    self.entry_depths[o].saturating_add(left - self.lvs[o])
+                }
+            });
             self.entry_depths.push(d);
         }
         self.entry_depths[e].saturating_add(lv - self.lvs[e])
@@ -427,13 +425,7 @@ impl History {
             } else {
                 at - 1
             };
-            // A left origin at or after its character only comes from
-            // crafted bytes; any depth keeps integration moving forward.
-            let d = if left == NONE || left >= at {
-                1
-            } else {
-                self.depths[left as usize].saturating_add(1)
-            };
+            let d = depth_below(left, at, |left| self.depths[left as usize]);
             self.depths.push(d);
         }
     }
@@ -708,6 +700,19 @@ impl History {
             lv += take;
             i += 1;
         }
+    }
+}
+
+/// The depth (see [`History::depth`]) of character `at`, whose left
+/// origin is `left`, given `origin_depth` to find that origin's. A left
+/// origin at or after its character only comes from crafted bytes; any
+/// depth keeps integration moving forward.
+#[inline]
+fn depth_below(left: u32, at: u32, origin_depth: impl FnOnce(u32) -> u32) -> u32 {
+    if left == NONE || left >= at {
+        1
+    } else {
+        origin_depth(left).saturating_add(1)
     }
 }
 
