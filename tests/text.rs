@@ -267,6 +267,76 @@ proptest! {
         doc.assert_invariants();
         prop_assert_eq!(&remote, &doc);
     }
+
+    /// Editing at a few places in turn over a document of many leaves
+    /// matches a `Vec<char>` model, and the structure (the cursor cache
+    /// with it) checks out after every edit; ops of a second replica
+    /// arrive in between (the model is then read back from the merged
+    /// text).
+    #[test]
+    fn edits_at_places_in_turn_match_a_model(
+        seed in any::<u64>(),
+        places in 1..8usize,
+        edits in vec((any::<usize>(), 0..4usize, any::<bool>(), 0..12u8), 1..250),
+    ) {
+        let mut doc = Text::new(r(1));
+        let mut other = Text::new(r(2));
+        let mut s = seed | 1;
+        let mut next = |n: usize| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % n as u64) as usize
+        };
+        // Scattered typing makes many runs, so many leaves.
+        for k in 0..400 {
+            let at = next(doc.len() + 1);
+            doc.insert(at, &run_char(k % 7, k % 32).to_string()).unwrap();
+        }
+        other.merge(&doc);
+        let mut model: Vec<char> = doc.to_string().chars().collect();
+        let mut at: Vec<usize> = (0..places).map(|_| next(model.len() + 1)).collect();
+        for (pick, n, delete, remote) in edits {
+            let h = pick % places;
+            let p = at[h].min(model.len());
+            if delete && p > 0 {
+                let from = p.saturating_sub(n.max(1));
+                doc.delete(from..p).unwrap();
+                model.drain(from..p);
+                for q in &mut at {
+                    *q = if *q >= p { *q - (p - from) } else { (*q).min(from) };
+                }
+                at[h] = from;
+            } else {
+                let typed: String = (0..=n).map(|k| run_char(h, k)).collect();
+                doc.insert(p, &typed).unwrap();
+                model.splice(p..p, typed.chars());
+                for q in &mut at {
+                    if *q > p {
+                        *q += n + 1;
+                    }
+                }
+                at[h] = p + n + 1;
+            }
+            prop_assert_eq!(doc.to_string(), model.iter().collect::<String>());
+            doc.assert_invariants();
+            if remote == 0 {
+                let len = other.len();
+                let op = if len > 0 && next(2) == 0 {
+                    let from = next(len);
+                    other.delete(from..(from + 3).min(len)).unwrap()
+                } else {
+                    other.insert(next(len + 1), "xy").unwrap()
+                };
+                doc.apply(&op).unwrap();
+                doc.assert_invariants();
+                model = doc.to_string().chars().collect();
+            }
+        }
+        other.merge(&doc);
+        doc.merge(&other);
+        prop_assert_eq!(&doc, &other);
+    }
 }
 
 proptest! {

@@ -374,8 +374,13 @@ impl Tree {
         let mut prev = NONE;
         let mut at = 0;
         let mut seen = 0;
+        // Where the cursor cache's leaf starts.
+        let mut cursor_start = None;
         while at != NONE {
             let leaf = &self.leaves[at as usize];
+            if self.cursor.is_some_and(|c| c.leaf == at) {
+                cursor_start = Some(total.chars);
+            }
             assert_eq!(leaf.prev, prev, "leaf chain");
             let vis: usize = leaf.runs.iter().map(|r| r.visible() as usize).sum();
             assert_eq!(vis, leaf.chars, "leaf chars");
@@ -412,6 +417,13 @@ impl Tree {
         }
         assert_eq!(seen, self.leaves.len(), "every leaf chained");
         assert_eq!(total, self.total, "total metrics");
+        if let Some(c) = self.cursor {
+            assert_eq!(Some(c.start), cursor_start, "cursor start");
+            let runs = &self.leaves[c.leaf as usize].runs;
+            assert!(c.run <= runs.len(), "cursor run");
+            let before: usize = runs[..c.run].iter().map(|r| r.visible() as usize).sum();
+            assert_eq!(before, c.run_chars, "cursor run chars");
+        }
         for (i, node) in self.nodes.iter().enumerate() {
             for s in 0..node.len {
                 let c = node.children[s];
