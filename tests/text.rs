@@ -282,12 +282,7 @@ proptest! {
         let mut doc = Text::new(r(1));
         let mut other = Text::new(r(2));
         let mut s = seed | 1;
-        let mut next = |n: usize| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % n as u64) as usize
-        };
+        let mut next = |n: usize| below(&mut s, n);
         // Scattered typing makes many runs, so many leaves.
         for k in 0..400 {
             let at = next(doc.len() + 1);
@@ -375,14 +370,20 @@ proptest! {
     }
 }
 
-/// A seeded Fisher–Yates shuffle (no extra crates).
+/// The next number below `n` from the xorshift generator whose state is
+/// `state` (never 0): seeded randomness with no extra crates.
+fn below(state: &mut u64, n: usize) -> usize {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    (*state % n as u64) as usize
+}
+
+/// A seeded Fisher–Yates shuffle.
 fn shuffle<T>(items: &mut [T], seed: u64) {
     let mut s = seed | 1;
     for i in (1..items.len()).rev() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        items.swap(i, (s % (i as u64 + 1)) as usize);
+        items.swap(i, below(&mut s, i + 1));
     }
 }
 
@@ -394,12 +395,7 @@ fn many_edits_match_a_model() {
     let mut doc = Text::new(r(1));
     let mut model: Vec<char> = Vec::new();
     let mut s: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut rand = move |n: usize| {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s % n as u64) as usize
-    };
+    let mut rand = move |n: usize| below(&mut s, n);
     let alphabet: Vec<char> = "abcdefgh é日😀\u{301}".chars().collect();
     // Half the edits land near the previous one, as typing does (leaves
     // count bytes from where the last edit was).
