@@ -37,7 +37,7 @@
 //! that one, deleted or not (or the end). Text typed where deleted text
 //! sits therefore goes before the tombstones, as in diamond-types, Yjs and
 //! Fugue, and a history made by any of them orders the same here (checked
-//! against diamond-types by the bench crate's `text_reference` test). Deleting a character marks its item deleted (a tombstone) but
+//! against diamond-types by the `calm-reference` crate's test). Deleting a character marks its item deleted (a tombstone) but
 //! keeps it, so later edits that name it still find their place. Positions
 //! given to [`Text::insert`] and [`Text::delete`] are character positions
 //! (Unicode scalar values) in the visible text; see [`Text`] for UTF-8 and

@@ -15,7 +15,7 @@ use calm::text::Text;
 use diamond_types::list::ListCRDT;
 
 #[allow(dead_code)]
-#[path = "../src/rng.rs"]
+#[path = "../../bench/src/rng.rs"]
 mod rng;
 
 use rng::Rng;
