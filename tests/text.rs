@@ -1020,6 +1020,28 @@ fn extreme_counters_do_not_overflow() {
     assert_eq!(back, a);
 }
 
+/// A document whose text was mostly deleted in long stretches encodes to
+/// far fewer bytes than it has characters; it loads (its delete entries
+/// checked by sorting them, as a bitmap of its characters would outweigh
+/// the input) and edits on, for a peer as for a fresh load.
+#[test]
+fn a_document_of_long_deleted_stretches_loads() {
+    let mut t = Text::new(r(1));
+    t.insert(0, &"a".repeat(100_000)).unwrap();
+    t.insert(50_000, &"bc".repeat(20_000)).unwrap();
+    t.delete(10..99_990).unwrap();
+    t.delete(5..40_015).unwrap();
+    let bytes = codec::to_bytes(&t);
+    assert!(bytes.len() < 1_000, "{} bytes", bytes.len());
+    let mut back: Text = codec::from_bytes(&bytes).expect("decodes");
+    assert_eq!(back, t);
+    assert_eq!(back.to_string(), "aaaaaaaaaa");
+    assert_eq!(codec::to_bytes(&back), bytes);
+    let op = back.insert(5, "x").unwrap();
+    t.apply(&op).unwrap();
+    assert_eq!(t.to_string(), "aaaaaxaaaaa");
+}
+
 /// A document that gives a replica more events than [`MAX_COUNTER`] is
 /// refused at its replica list, before any of its counters is kept.
 #[test]
