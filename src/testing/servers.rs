@@ -51,6 +51,39 @@ pub enum ServerError {
         /// How long we waited.
         timeout: Duration,
     },
+    /// The server process ended before it accepted connections (most
+    /// often because its port, free when picked, was taken meanwhile).
+    #[error("{what} exited before it was ready ({status})")]
+    Exited {
+        /// Which server.
+        what: &'static str,
+        /// How it ended.
+        status: std::process::ExitStatus,
+    },
+}
+
+/// Most starts on fresh ports before a server's early exits are reported.
+const STARTS: usize = 3;
+
+/// Calls `start` until it does not fail with [`ServerError::Exited`], at
+/// most [`STARTS`] times, calling `repick` (fresh ports) before each
+/// retry: a port that was free when picked may be taken by the time the
+/// server binds it (by another server, or a client's outgoing connection).
+fn start_retrying<S>(
+    server: &mut S,
+    mut start: impl FnMut(&mut S) -> Result<(), ServerError>,
+    mut repick: impl FnMut(&mut S) -> Result<(), ServerError>,
+) -> Result<(), ServerError> {
+    let mut tries = 1;
+    loop {
+        match start(server) {
+            Err(ServerError::Exited { .. }) if tries < STARTS => {
+                tries += 1;
+                repick(server)?;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Whether tests must fail, not skip, when a server is unavailable.
@@ -117,11 +150,20 @@ fn find(binary: &str, extra: &[PathBuf]) -> Option<PathBuf> {
 }
 
 /// Waits until `port` accepts TCP connections.
-fn wait_port(port: u16, what: &'static str, timeout: Duration) -> Result<(), ServerError> {
+fn wait_port(
+    process: Option<&mut ServerProcess>,
+    port: u16,
+    what: &'static str,
+    timeout: Duration,
+) -> Result<(), ServerError> {
     let start = Instant::now();
+    let mut process = process;
     while start.elapsed() < timeout {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
+        }
+        if let Some(status) = process.as_deref_mut().and_then(ServerProcess::exited) {
+            return Err(ServerError::Exited { what, status });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -135,6 +177,14 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
+    /// How the process ended, if it has: reaped, it is forgotten, as its
+    /// pid may be given to another process, never to be signalled.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
+    }
+
     /// The child's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -389,7 +439,14 @@ impl PostgresServer {
             ids,
             durable,
         };
-        server.launch()?;
+        start_retrying(&mut server, Self::launch, |server| {
+            server.port = free_port()?;
+            server.url = format!(
+                "host=127.0.0.1 port={} user=calm dbname=postgres connect_timeout=5",
+                server.port
+            );
+            Ok(())
+        })?;
         Ok(server)
     }
 
@@ -412,8 +469,12 @@ impl PostgresServer {
             what: "postgres",
             source,
         })?;
-        self.process = Some(ServerProcess { child: Some(child) });
-        wait_port(self.port, "postgres", Duration::from_secs(30))?;
+        wait_port(
+            Some(self.process.insert(ServerProcess { child: Some(child) })),
+            self.port,
+            "postgres",
+            Duration::from_secs(30),
+        )?;
         // The port opens a moment before the server accepts queries.
         std::thread::sleep(Duration::from_millis(300));
         Ok(())
@@ -626,7 +687,15 @@ impl EtcdServer {
             binary: Some(binary),
             tls,
         };
-        server.launch()?;
+        start_retrying(&mut server, Self::launch, |server| {
+            server.ports = (free_port()?, free_port()?);
+            server.endpoints = vec![format!("{scheme}://127.0.0.1:{}", server.ports.0)];
+            // A start that got far enough may have recorded its peer port.
+            if let Some(dir) = &server.dir {
+                let _ = std::fs::remove_dir_all(dir.join("data"));
+            }
+            Ok(())
+        })?;
         Ok(server)
     }
 
@@ -651,8 +720,12 @@ impl EtcdServer {
                 what: "etcd",
                 source,
             })?;
-        self.process = Some(ServerProcess { child: Some(child) });
-        wait_port(self.ports.0, "etcd", Duration::from_secs(30))?;
+        wait_port(
+            Some(self.process.insert(ServerProcess { child: Some(child) })),
+            self.ports.0,
+            "etcd",
+            Duration::from_secs(30),
+        )?;
         std::thread::sleep(Duration::from_millis(300));
         Ok(())
     }
@@ -806,8 +879,13 @@ impl EtcdCluster {
         for i in 0..cluster.members.len() {
             cluster.spawn(i)?;
         }
-        for m in &cluster.members {
-            wait_port(m.client.1, "etcd member", Duration::from_secs(30))?;
+        for m in &mut cluster.members {
+            wait_port(
+                m.process.as_mut(),
+                m.client.1,
+                "etcd member",
+                Duration::from_secs(30),
+            )?;
         }
         cluster.wait_for_leader(Duration::from_secs(30))?;
         Ok(cluster)
@@ -892,8 +970,10 @@ impl EtcdCluster {
     pub fn restart(&mut self, i: usize) -> Result<(), ServerError> {
         self.kill(i);
         self.spawn(i)?;
+        let m = &mut self.members[i];
         wait_port(
-            self.members[i].client.1,
+            m.process.as_mut(),
+            m.client.1,
             "etcd member",
             Duration::from_secs(30),
         )
@@ -1008,7 +1088,11 @@ impl RedisServer {
             url: format!("redis://127.0.0.1:{port}/"),
             binary: Some(binary),
         };
-        server.launch()?;
+        start_retrying(&mut server, Self::launch, |server| {
+            server.port = free_port()?;
+            server.url = format!("redis://127.0.0.1:{}/", server.port);
+            Ok(())
+        })?;
         Ok(server)
     }
 
@@ -1028,8 +1112,12 @@ impl RedisServer {
                 what: "redis-server",
                 source,
             })?;
-        self.process = Some(ServerProcess { child: Some(child) });
-        wait_port(self.port, "redis-server", Duration::from_secs(30))
+        wait_port(
+            Some(self.process.insert(ServerProcess { child: Some(child) })),
+            self.port,
+            "redis-server",
+            Duration::from_secs(30),
+        )
     }
 
     /// The connection URL (`redis://127.0.0.1:<port>/`).
@@ -1079,5 +1167,80 @@ impl Drop for RedisServer {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server process that ends before its port opens is reported at
+    /// once, not after the whole timeout, and is not signalled after.
+    #[test]
+    fn an_early_exit_is_reported_at_once() {
+        let child = Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .expect("sh runs");
+        let mut process = ServerProcess { child: Some(child) };
+        let port = free_port().expect("a free port");
+        let began = Instant::now();
+        let r = wait_port(Some(&mut process), port, "sh", Duration::from_secs(30));
+        assert!(
+            matches!(r, Err(ServerError::Exited { status, .. }) if status.code() == Some(3)),
+            "{r:?}"
+        );
+        assert!(began.elapsed() < Duration::from_secs(10));
+        assert_eq!(process.pid(), None, "a reaped process is forgotten");
+    }
+
+    /// Starts that exit early are retried on fresh ports, at most
+    /// `STARTS` times in all; other errors are not retried.
+    #[test]
+    fn early_exits_are_retried_on_fresh_ports() {
+        let exited = || {
+            let mut sh = Command::new("sh")
+                .args(["-c", "exit 1"])
+                .spawn()
+                .expect("sh runs");
+            ServerError::Exited {
+                what: "test",
+                status: sh.wait().expect("sh ends"),
+            }
+        };
+        for fails in 0..=STARTS {
+            let (mut starts, mut repicks) = (0, 0);
+            let r = start_retrying(
+                &mut (),
+                |()| {
+                    starts += 1;
+                    if starts <= fails {
+                        Err(exited())
+                    } else {
+                        Ok(())
+                    }
+                },
+                |()| {
+                    repicks += 1;
+                    Ok(())
+                },
+            );
+            assert_eq!(r.is_ok(), fails < STARTS, "{fails} early exits");
+            assert_eq!(starts, (fails + 1).min(STARTS));
+            assert_eq!(repicks, starts - 1);
+        }
+        let mut starts = 0;
+        let r = start_retrying(
+            &mut (),
+            |()| {
+                starts += 1;
+                Err(ServerError::NotReady {
+                    what: "test",
+                    timeout: Duration::ZERO,
+                })
+            },
+            |()| Ok(()),
+        );
+        assert!(matches!(r, Err(ServerError::NotReady { .. })) && starts == 1);
     }
 }
