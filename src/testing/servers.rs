@@ -62,13 +62,16 @@ pub enum ServerError {
     },
 }
 
-/// Most starts on fresh ports before a server's early exits are reported.
+/// Most starts on fresh ports before a server that does not come up is
+/// reported.
 const STARTS: usize = 3;
 
-/// Calls `start` until it does not fail with [`ServerError::Exited`], at
-/// most [`STARTS`] times, calling `repick` (fresh ports) before each
-/// retry: a port that was free when picked may be taken by the time the
-/// server binds it (by another server, or a client's outgoing connection).
+/// Calls `start` until it does not fail with [`ServerError::Exited`] or
+/// [`ServerError::NotReady`], at most [`STARTS`] times, calling `repick`
+/// (fresh ports) before each retry: a port that was free when picked may
+/// be taken by the time the server binds it (by another server, or a
+/// client's outgoing connection). `repick` kills what the failed start
+/// left running (a server too slow to come up) first.
 fn start_retrying<S>(
     server: &mut S,
     mut start: impl FnMut(&mut S) -> Result<(), ServerError>,
@@ -77,7 +80,7 @@ fn start_retrying<S>(
     let mut tries = 1;
     loop {
         match start(server) {
-            Err(ServerError::Exited { .. }) if tries < STARTS => {
+            Err(ServerError::Exited { .. } | ServerError::NotReady { .. }) if tries < STARTS => {
                 tries += 1;
                 repick(server)?;
             }
@@ -440,6 +443,7 @@ impl PostgresServer {
             durable,
         };
         start_retrying(&mut server, Self::launch, |server| {
+            server.kill();
             server.port = free_port()?;
             server.url = format!(
                 "host=127.0.0.1 port={} user=calm dbname=postgres connect_timeout=5",
@@ -688,6 +692,7 @@ impl EtcdServer {
             tls,
         };
         start_retrying(&mut server, Self::launch, |server| {
+            server.kill();
             server.ports = (free_port()?, free_port()?);
             server.endpoints = vec![format!("{scheme}://127.0.0.1:{}", server.ports.0)];
             // A start that got far enough may have recorded its peer port.
@@ -1089,6 +1094,7 @@ impl RedisServer {
             binary: Some(binary),
         };
         start_retrying(&mut server, Self::launch, |server| {
+            server.kill();
             server.port = free_port()?;
             server.url = format!("redis://127.0.0.1:{}/", server.port);
             Ok(())
@@ -1194,8 +1200,8 @@ mod tests {
         assert_eq!(process.pid(), None, "a reaped process is forgotten");
     }
 
-    /// Starts that exit early are retried on fresh ports, at most
-    /// `STARTS` times in all; other errors are not retried.
+    /// Starts that exit early or time out are retried on fresh ports, at
+    /// most `STARTS` times in all; other errors are not retried.
     #[test]
     fn early_exits_are_retried_on_fresh_ports() {
         let exited = || {
@@ -1241,6 +1247,19 @@ mod tests {
             },
             |()| Ok(()),
         );
-        assert!(matches!(r, Err(ServerError::NotReady { .. })) && starts == 1);
+        assert!(matches!(r, Err(ServerError::NotReady { .. })) && starts == STARTS);
+        let mut starts = 0;
+        let r = start_retrying(
+            &mut (),
+            |()| {
+                starts += 1;
+                Err(ServerError::Start {
+                    what: "test",
+                    source: std::io::Error::other("no"),
+                })
+            },
+            |()| Ok(()),
+        );
+        assert!(matches!(r, Err(ServerError::Start { .. })) && starts == 1);
     }
 }
