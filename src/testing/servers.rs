@@ -152,15 +152,15 @@ fn find(binary: &str, extra: &[PathBuf]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Waits until `port` accepts TCP connections.
+/// Waits until `port` accepts TCP connections, or `process` (the server
+/// that is to open it) ends.
 fn wait_port(
-    process: Option<&mut ServerProcess>,
+    mut process: Option<&mut ServerProcess>,
     port: u16,
     what: &'static str,
     timeout: Duration,
 ) -> Result<(), ServerError> {
     let start = Instant::now();
-    let mut process = process;
     while start.elapsed() < timeout {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
