@@ -469,7 +469,11 @@ pub(crate) mod postgres {
             .expect("a connection");
         tokio::spawn(connection);
         let listening = async || -> i64 {
-            let sql = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN calm_lazy'";
+            // The listening session's last statement: its LISTEN, or the
+            // announcement to writers that follows it.
+            let sql = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE query = 'LISTEN calm_lazy' \
+                          OR query LIKE 'UPDATE lazy.meta SET listened = %'";
             client
                 .query_one(sql, &[])
                 .await
@@ -507,6 +511,91 @@ pub(crate) mod postgres {
             );
             assert_eq!(listening().await, 1, "a watch listens");
         }
+    }
+
+    /// Writers send `NOTIFY` only while a store listens: a bare `LISTEN`
+    /// session that no store announced hears nothing, whichever kind of
+    /// write commits; once another store (of another pool) has a watch,
+    /// the same writes wake that watch at once, and the bare session hears
+    /// each of them too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_notify_only_while_a_store_listens() {
+        use calm::store::{Compare, KeySpan, PutOptions, Store, Txn, TxnOp, Watch};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let options = PostgresOptions::new(server.url()).with_schema("heard");
+        let writer = connect(options.clone()).await;
+        let watcher = connect(options).await;
+        let (client, mut connection) = tokio_postgres::connect(server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("a connection");
+        let (heard, mut hearing) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(message)) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    let _ = heard.send(n.payload().to_owned());
+                }
+            }
+        });
+        client.batch_execute("LISTEN calm_heard").await.unwrap();
+        // One write of each path: a lone put, a batch of puts, a
+        // transaction, a delete.
+        let writes = async |round: u8| {
+            let key = [b'k', round];
+            let put = writer.put(&key, b"v", PutOptions::new()).await;
+            assert!(put.unwrap().committed().is_some());
+            let (a, b) = ([b'a', round], [b'b', round]);
+            let (a, b) = tokio::join!(
+                writer.put(&a, b"v", PutOptions::new()),
+                writer.put(&b, b"v", PutOptions::new())
+            );
+            assert!(a.unwrap().committed().is_some() && b.unwrap().committed().is_some());
+            let txn = Txn::new()
+                .when(Compare::exists(&key))
+                .then(TxnOp::put(&key, b"w"));
+            assert!(writer.txn(txn).await.unwrap().succeeded);
+            let delete = writer.delete(&key, calm::store::Expect::Any).await;
+            assert!(delete.unwrap().committed().is_some());
+        };
+        writes(0).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(hearing.try_recv().is_err(), "nobody announced: no NOTIFY");
+
+        let mut watch = watcher
+            .watch(KeySpan::Key(b"late".to_vec()), calm::occ::Version::ZERO)
+            .await
+            .unwrap();
+        let waiter = tokio::spawn(async move {
+            let event = watch.next().await;
+            (event, std::time::Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writes(1).await;
+        let sent = std::time::Instant::now();
+        let late = writer.put(b"late", b"v", PutOptions::new()).await.unwrap();
+        assert!(late.committed().is_some());
+        let (event, arrived) = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the event arrives")
+            .unwrap();
+        assert_eq!(event.unwrap().kv.key, b"late");
+        let waited = arrived.saturating_duration_since(sent);
+        assert!(
+            waited < Duration::from_millis(500),
+            "woken by NOTIFY, not the poll: {waited:?}"
+        );
+        let mut notified = 0;
+        while tokio::time::timeout(Duration::from_millis(300), hearing.recv())
+            .await
+            .is_ok_and(|n| n.is_some())
+        {
+            notified += 1;
+        }
+        // The puts of the batch may share one commit.
+        assert!(notified >= 4, "every commit notifies: {notified}");
     }
 
     /// A store on a pool the user built (`from_pool`) passes every

@@ -105,7 +105,7 @@ pub fn run_fence() -> Vec<Row> {
 }
 
 /// Runs every comparison on the servers that can be started (only those
-/// whose name, `postgres` or `etcd`, contains `only`); returns the rows and
+/// whose name, `postgres`, `durable postgres` or `etcd`, contains `only`); returns the rows and
 /// the scaling points.
 pub fn run_with_scaling(only: Option<&str>) -> (Vec<Row>, Vec<ScalePoint>) {
     let rt = runtime();
@@ -119,6 +119,8 @@ pub fn run_with_scaling(only: Option<&str>) -> (Vec<Row>, Vec<ScalePoint>) {
         // On servers of their own: the store's load above leaves the
         // first one vacuuming and checkpointing for a while.
         out.0.extend(run_fence());
+    }
+    if wanted("durable postgres") {
         match PostgresServer::start_durable() {
             Ok(server) => on_durable_postgres(&rt, &server, &mut out.0),
             Err(e) => eprintln!("backend: SKIPPED durable PostgreSQL: {e}"),

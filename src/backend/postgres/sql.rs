@@ -57,7 +57,16 @@ pub(super) struct Sql {
     pub events: String,
     /// Revision and compaction mark.
     pub marks: String,
+    /// Tells writers that a session listens on the channel, for the next
+    /// [`ANNOUNCED_SECS`] seconds by the database clock.
+    pub announce: String,
 }
+
+/// How long one announcement of a listening session lasts: writers send
+/// `NOTIFY` only while one is in force (every notifying commit costs the
+/// server, and serialises on a database-wide lock at commit, even when no
+/// session listens), and a listener renews it well before its end.
+pub(super) const ANNOUNCED_SECS: u64 = 60;
 
 /// The columns of a key, as every statement returns them.
 const KV: &str = "k.key, k.value, k.create_revision, k.mod_revision, k.writes, k.lease";
@@ -136,6 +145,10 @@ impl Sql {
                 "SELECT m.revision, c.compacted FROM {s}.meta m, {s}.compaction c
                  WHERE m.id = 1 AND c.id = 1"
             ),
+            announce: format!(
+                "UPDATE {s}.meta SET listened = greatest(listened,
+                     clock_timestamp() + interval '{ANNOUNCED_SECS} seconds') WHERE id = 1"
+            ),
             schema: s.to_string(),
             channel,
         }
@@ -150,7 +163,8 @@ impl Sql {
 /// - `meta`: one row, the store revision. Its row lock is the store-wide
 ///   write lock: a write takes it (`SELECT ... FOR UPDATE`), assigns the
 ///   next revisions, and releases it at commit, so revision order is
-///   commit order.
+///   commit order. `listened`: until when a session listens (see
+///   [`Sql::announce`]); a write notifies only before that time.
 /// - `compaction`: one row, the highest compacted revision (its own row so
 ///   compacting never waits for writers, or writers for it).
 /// - `kv`: the keys; `leases`: id, TTL and deadline by the database clock;
@@ -183,6 +197,8 @@ CREATE TABLE IF NOT EXISTS {s}.meta (
     id smallint PRIMARY KEY CHECK (id = 1),
     revision bigint NOT NULL);
 INSERT INTO {s}.meta VALUES (1, 0) ON CONFLICT DO NOTHING;
+ALTER TABLE {s}.meta ADD COLUMN IF NOT EXISTS
+    listened timestamptz NOT NULL DEFAULT '-infinity';
 CREATE TABLE IF NOT EXISTS {s}.compaction (
     id smallint PRIMARY KEY CHECK (id = 1),
     compacted bigint NOT NULL);
@@ -229,12 +245,12 @@ END $$;
 CREATE OR REPLACE FUNCTION {s}.reap() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    rev bigint; start bigint; l bigint; n integer := 0;
+    rev bigint; start bigint; l bigint; n integer := 0; heard boolean;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM {s}.leases WHERE deadline <= clock_timestamp()) THEN
         RETURN 0;
     END IF;
-    SELECT revision INTO rev FROM {s}.meta WHERE id = 1 FOR UPDATE;
+    SELECT revision, listened > now() INTO rev, heard FROM {s}.meta WHERE id = 1 FOR UPDATE;
     start := rev;
     FOR l IN SELECT id FROM {s}.leases WHERE deadline <= clock_timestamp()
              ORDER BY deadline, id LOOP
@@ -243,7 +259,7 @@ BEGIN
     END LOOP;
     IF rev <> start THEN
         UPDATE {s}.meta SET revision = rev WHERE id = 1;
-        PERFORM pg_notify('{channel}', rev::text);
+        IF heard THEN PERFORM pg_notify('{channel}', rev::text); END IF;
     END IF;
     RETURN n;
 END $$;
@@ -252,16 +268,16 @@ END $$;
 CREATE OR REPLACE FUNCTION {s}.revoke(l bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    rev bigint; start bigint; alive boolean;
+    rev bigint; start bigint; alive boolean; heard boolean;
 BEGIN
-    SELECT revision INTO rev FROM {s}.meta WHERE id = 1 FOR UPDATE;
+    SELECT revision, listened > now() INTO rev, heard FROM {s}.meta WHERE id = 1 FOR UPDATE;
     start := rev;
     SELECT deadline > clock_timestamp() INTO alive FROM {s}.leases WHERE id = l;
     IF alive IS NULL THEN RETURN false; END IF;
     rev := {s}.end_lease(l, rev);
     IF rev <> start THEN
         UPDATE {s}.meta SET revision = rev WHERE id = 1;
-        PERFORM pg_notify('{channel}', rev::text);
+        IF heard THEN PERFORM pg_notify('{channel}', rev::text); END IF;
     END IF;
     RETURN alive;
 END $$;
@@ -304,6 +320,7 @@ DECLARE
     n int := coalesce(cardinality(k), 0);
     i int;
     refused boolean;
+    heard boolean;
 BEGIN
     -- Without the lock: if every write's expectation fails on the current
     -- state, each is answered from one snapshot of its key and the
@@ -335,7 +352,7 @@ BEGIN
     -- Taking the lock and the next revision in one statement; rev is the
     -- revision before it, and meta is set to the last one used at the end.
     UPDATE {s}.meta m SET revision = m.revision + 1 WHERE m.id = 1
-        RETURNING m.revision - 1 INTO rev;
+        RETURNING m.revision - 1, m.listened > now() INTO rev, heard;
     start_rev := rev;
     FOR i IN 1 .. n LOOP
         SELECT z.* INTO x FROM {s}.kv z WHERE z.key = k[i];
@@ -380,7 +397,7 @@ BEGIN
     IF rev <> start_rev + 1 THEN
         UPDATE {s}.meta m SET revision = rev WHERE m.id = 1;
     END IF;
-    IF rev <> start_rev THEN
+    IF rev <> start_rev AND heard THEN
         PERFORM pg_notify('{channel}', rev::text);
     END IF;
 END $$;
@@ -402,6 +419,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     seen bigint;
     leased bigint;
+    heard boolean;
 BEGIN
     IF kind = 0 AND l = 0 AND e <> 1 THEN
         IF e = 2 THEN
@@ -411,7 +429,7 @@ BEGIN
         END IF;
         IF e = 0 OR (seen = ver AND leased IS NULL) THEN
             UPDATE {s}.meta m SET revision = m.revision + 1 WHERE m.id = 1
-                RETURNING m.revision INTO revision;
+                RETURNING m.revision, m.listened > now() INTO revision, heard;
             UPDATE {s}.kv z SET value = v, mod_revision = revision, writes = z.writes + 1
             FROM {s}.kv o
             WHERE z.key = k AND o.key = k AND o.lease IS NULL AND (e = 0 OR o.mod_revision = ver)
@@ -424,7 +442,7 @@ BEGIN
             IF FOUND THEN
                 INSERT INTO {s}.events VALUES (revision, k, 0, v,
                     coalesce(create_revision, revision), coalesce(writes, 0) + 1, NULL);
-                PERFORM pg_notify('{channel}', revision::text);
+                IF heard THEN PERFORM pg_notify('{channel}', revision::text); END IF;
                 ord := 1; succeeded := true; err := 0; present := key IS NOT NULL;
                 RETURN;
             END IF;
@@ -456,6 +474,7 @@ DECLARE
     rev bigint;
     start_rev bigint;
     dead bigint;
+    heard boolean;
 BEGIN
     -- Without the lock: if every write's expectation fails on the current
     -- state, answer from this snapshot (a valid answer at its instant).
@@ -476,7 +495,8 @@ BEGIN
         ORDER BY i.ord;
         RETURN;
     END IF;
-    SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
+    SELECT m.revision, m.listened > now() INTO rev, heard
+    FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
     start_rev := rev;
     -- Keys of ended leases among those touched go first, at their own
     -- revisions, so the history stays exact.
@@ -534,7 +554,7 @@ BEGIN
     UPDATE {s}.meta m SET revision = greatest(rev, (SELECT coalesce(max(ev.revision), rev)
         FROM {s}.events ev WHERE ev.revision > rev)) WHERE m.id = 1
         RETURNING m.revision INTO rev;
-    IF rev <> start_rev THEN
+    IF rev <> start_rev AND heard THEN
         PERFORM pg_notify('{channel}', rev::text);
     END IF;
 END $$;
@@ -554,8 +574,10 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     rev bigint;
     answered bigint;
+    heard boolean;
 BEGIN
-    SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
+    SELECT m.revision, m.listened > now() INTO rev, heard
+    FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
     RETURN QUERY
     WITH o AS (
         SELECT i.ord, i.k, i.v, x.key AS xk, x.value AS xv, x.create_revision AS xc,
@@ -582,7 +604,7 @@ BEGIN
     m AS (
         UPDATE {s}.meta t SET revision = (SELECT max(n.r) FROM n)
         WHERE t.id = 1 AND EXISTS (SELECT 1 FROM n WHERE n.ok)
-        RETURNING pg_notify('{channel}', t.revision::text))
+        RETURNING (SELECT pg_notify('{channel}', t.revision::text) WHERE heard))
     SELECT n.ord::int, n.ok, CASE WHEN n.ok THEN n.r ELSE rev END, 0::smallint,
            n.xk IS NOT NULL, n.xk, n.xv, n.xc, n.xm, n.xw, n.xl
     FROM n;
@@ -630,6 +652,7 @@ DECLARE
     field bigint;
     r {s}.kv;
     i int; j int;
+    heard boolean;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(n_cmp), 0) LOOP
         <<evaluate>>
@@ -665,7 +688,8 @@ BEGIN
             EXIT evaluate WHEN NOT writing OR locked;
             -- A write: take the store-wide lock, then evaluate again on
             -- the state every earlier commit left.
-            SELECT m.revision INTO rev FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
+            SELECT m.revision, m.listened > now() INTO rev, heard
+            FROM {s}.meta m WHERE m.id = 1 FOR UPDATE;
             start_rev := rev;
             locked := true;
         END LOOP;
@@ -735,7 +759,7 @@ BEGIN
     END LOOP;
     IF locked AND rev <> start_rev THEN
         UPDATE {s}.meta m SET revision = rev WHERE m.id = 1;
-        PERFORM pg_notify('{channel}', rev::text);
+        IF heard THEN PERFORM pg_notify('{channel}', rev::text); END IF;
     END IF;
 END $$;
 "#

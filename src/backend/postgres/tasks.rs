@@ -11,12 +11,17 @@ use tokio::sync::watch;
 use tokio_postgres::Socket;
 use tokio_postgres::tls::MakeTlsConnect;
 
+use super::sql::ANNOUNCED_SECS;
 use super::store::{Shared, compact, marks, query};
 
 /// How long the listener keeps listening after the last watch ended
 /// (watches come and go, an election's waiters say; `LISTEN` and
 /// `UNLISTEN` are a round trip each).
 pub(super) const LISTEN_IDLE: Duration = Duration::from_secs(10);
+
+/// How often a listening session renews its announcement to writers,
+/// well within the [`ANNOUNCED_SECS`] it lasts.
+const RENEW_EVERY: Duration = Duration::from_secs(ANNOUNCED_SECS / 3);
 
 /// Where the listener stands, for a new watch deciding whether to wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +38,10 @@ pub(super) enum ListenState {
 /// Holds a `LISTEN` connection while the store has watches (`wanted`
 /// above zero), telling them through `state` when it is in effect, and
 /// wakes them on notifications; reconnects after failures (watches
-/// re-read every second meanwhile).
+/// re-read every second meanwhile). While it listens, it keeps the
+/// store's writers (in every process) told that somebody does, renewing
+/// the announcement every [`RENEW_EVERY`]; writers send no `NOTIFY` when
+/// none is in force.
 ///
 /// Nothing listens while no watch lives: every notifying commit in the
 /// database wakes each listening session, which costs the server (and,
@@ -52,7 +60,7 @@ pub(super) async fn listen<T>(
         if wanted.wait_for(|n| *n > 0).await.is_err() {
             return;
         }
-        let Some(channel) = shared.upgrade().map(|s| s.sql.channel.clone()) else {
+        let Some(sql) = shared.upgrade().map(|s| Arc::clone(&s.sql)) else {
             return;
         };
         let connected = config.connect(tls.clone()).await;
@@ -85,29 +93,48 @@ pub(super) async fn listen<T>(
                     if wanted.wait_for(|n| *n > 0).await.is_err() {
                         return;
                     }
-                    if client
-                        .batch_execute(&format!("LISTEN {channel}"))
-                        .await
-                        .is_err()
+                    // Listening first, then telling writers: a write that
+                    // commits after the announcement notifies, and one
+                    // before it is seen by the watch's first read.
+                    let listen = format!("LISTEN {}", sql.channel);
+                    if client.batch_execute(&listen).await.is_err()
+                        || client.batch_execute(&sql.announce).await.is_err()
                     {
                         state.send_replace(ListenState::Failing);
                         return;
                     }
                     state.send_replace(ListenState::On);
                     // Until no watch has lived for LISTEN_IDLE.
-                    loop {
-                        if wanted.wait_for(|n| *n == 0).await.is_err() {
-                            return;
+                    let idle = async {
+                        loop {
+                            wanted.wait_for(|n| *n == 0).await.ok()?;
+                            let again = wanted.wait_for(|n| *n > 0);
+                            match tokio::time::timeout(LISTEN_IDLE, again).await {
+                                Err(_) => return Some(()),
+                                Ok(again) => again.ok()?,
+                            };
                         }
-                        match tokio::time::timeout(LISTEN_IDLE, wanted.wait_for(|n| *n > 0)).await {
-                            Err(_) => break,
-                            Ok(Err(_)) => return,
-                            Ok(Ok(_)) => {}
+                    };
+                    let renew = async {
+                        loop {
+                            tokio::time::sleep(RENEW_EVERY).await;
+                            if client.batch_execute(&sql.announce).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        idle = idle => if idle.is_none() {
+                            return;
+                        },
+                        () = renew => {
+                            state.send_replace(ListenState::Failing);
+                            return;
                         }
                     }
                     state.send_replace(ListenState::Off);
                     if client
-                        .batch_execute(&format!("UNLISTEN {channel}"))
+                        .batch_execute(&format!("UNLISTEN {}", sql.channel))
                         .await
                         .is_err()
                     {
