@@ -2,7 +2,8 @@
 //!
 //! `cargo run -p calm-bench --release -- <suite> [filter]`; suites: `crdt`,
 //! `occ`, `coord`, `adapt`, `backend` (real PostgreSQL and etcd servers; the
-//! filter `postgres` or `etcd` runs one),
+//! filter `postgres` or `etcd` runs one, `durable` only the rows on a
+//! PostgreSQL server with `fsync` on),
 //! `fence` (only the backend suite's fenced-transaction rows), `redis`
 //! (calm's Redis lock against the bare recipe, on a real `redis-server`),
 //! `partition` (a single writer per key against locks, and the partition
