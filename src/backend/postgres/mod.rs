@@ -142,7 +142,17 @@
 //! entry; the commit) where the upsert writes 216 in four (a prune, a row
 //! lock, the update, the commit). With `fsync` on, both wait for one
 //! flush of the log, so the ratio depends on the disk: 1.25-1.32× the
-//! upsert's latency in pgbench on this machine's disk.
+//! upsert's latency in pgbench on this machine's disk in one session,
+//! 1.41-1.49× in another (2026-12-07, medians of alternating 1-2 s
+//! rounds, per set of rounds: upsert 291-376 µs, `write_one` 430-541
+//! µs). There the gap was about twice what it is without `fsync`: the
+//! server's work after each wait for the disk runs slower. A function
+//! doing only the `meta` update, an upsert and the history row (which
+//! cannot return the key's previous value) measured 352-459 µs where
+//! `write_one` without its `NOTIFY` measured 419-524 in the same sets,
+//! so updating the key joined to its old row (what returns the previous
+//! value) costs about 40-65 µs of the gap there; reading the old row
+//! first and then updating it measured the same as the join.
 //!
 //! Reads coalesce the same way once the pool is busy: while fewer gets
 //! than half the pool are pending, each is its own statement; beyond
