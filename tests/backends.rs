@@ -573,6 +573,17 @@ pub(crate) mod postgres {
             (event, std::time::Instant::now())
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
+        // The announcement lasts a minute by the database clock.
+        let ahead: f64 = client
+            .query_one(
+                "SELECT extract(epoch FROM listened - clock_timestamp())::float8 \
+                 FROM heard.meta",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!((50.0..=60.0).contains(&ahead), "announced {ahead} s ahead");
         writes(1).await;
         let sent = std::time::Instant::now();
         let late = writer.put(b"late", b"v", PutOptions::new()).await.unwrap();
