@@ -453,13 +453,35 @@ pub(crate) mod postgres {
         panic!("cannot connect to PostgreSQL: {last:?}");
     }
 
+    /// Watches `key` on `store` from now: a task that returns the first
+    /// event and when it came, once the watch has had 50 ms to set up.
+    async fn first_event(
+        store: &PostgresStore,
+        key: &[u8],
+    ) -> tokio::task::JoinHandle<(
+        Result<calm::store::WatchEvent, calm::store::StoreError>,
+        std::time::Instant,
+    )> {
+        use calm::store::{KeySpan, Store, Watch};
+        let mut watch = store
+            .watch(KeySpan::Key(key.to_vec()), calm::occ::Version::ZERO)
+            .await
+            .unwrap();
+        let waiter = tokio::spawn(async move {
+            let event = watch.next().await;
+            (event, std::time::Instant::now())
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiter
+    }
+
     /// A store holds no `LISTEN` session until it has a watch (an open
     /// one costs every notifying write server CPU); its first watch gets
     /// one and is woken by the next commit at once, not by its one-second
     /// poll.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn listens_only_while_it_has_a_watch() {
-        use calm::store::{KeySpan, PutOptions, Store, Watch};
+        use calm::store::{PutOptions, Store};
         let Some(server) = skip_or_fail(PostgresServer::start()) else {
             return;
         };
@@ -485,16 +507,8 @@ pub(crate) mod postgres {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(listening().await, 0, "no watch, no LISTEN");
         for round in 1..=3 {
-            let mut watch = store
-                .watch(KeySpan::Key(b"k".to_vec()), calm::occ::Version::ZERO)
-                .await
-                .unwrap();
             // The watch reads, finds nothing new, and waits; then the put.
-            let waiter = tokio::spawn(async move {
-                let event = watch.next().await;
-                (event, std::time::Instant::now())
-            });
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let waiter = first_event(&store, b"k").await;
             let value = format!("{round}").into_bytes();
             let sent = std::time::Instant::now();
             let put = store.put(b"k", &value, PutOptions::new()).await.unwrap();
@@ -520,7 +534,7 @@ pub(crate) mod postgres {
     /// each of them too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_notify_only_while_a_store_listens() {
-        use calm::store::{Compare, KeySpan, PutOptions, Store, Txn, TxnOp, Watch};
+        use calm::store::{Compare, PutOptions, Store, Txn, TxnOp};
         let Some(server) = skip_or_fail(PostgresServer::start()) else {
             return;
         };
@@ -564,15 +578,7 @@ pub(crate) mod postgres {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(hearing.try_recv().is_err(), "nobody announced: no NOTIFY");
 
-        let mut watch = watcher
-            .watch(KeySpan::Key(b"late".to_vec()), calm::occ::Version::ZERO)
-            .await
-            .unwrap();
-        let waiter = tokio::spawn(async move {
-            let event = watch.next().await;
-            (event, std::time::Instant::now())
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiter = first_event(&watcher, b"late").await;
         // The announcement lasts a minute by the database clock.
         let ahead: f64 = client
             .query_one(
