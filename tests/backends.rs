@@ -615,6 +615,73 @@ pub(crate) mod postgres {
         assert!(notified >= 4, "every commit notifies: {notified}");
     }
 
+    /// A store whose tables an earlier version made (`meta` with a CHECK
+    /// constraint, no `listened` column, the default fillfactor) is brought
+    /// to this version by the next store to connect, keeping its keys and
+    /// revision; a second connect changes nothing more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migrates_a_schema_of_an_earlier_version() {
+        use calm::occ::Version;
+        use calm::store::{PutOptions, Store};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let (client, connection) = tokio_postgres::connect(server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("a connection");
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "CREATE SCHEMA old;
+                 CREATE TABLE old.meta (id smallint PRIMARY KEY CHECK (id = 1),
+                                        revision bigint NOT NULL);
+                 INSERT INTO old.meta VALUES (1, 7);
+                 CREATE TABLE old.kv (key bytea PRIMARY KEY, value bytea NOT NULL,
+                     create_revision bigint NOT NULL, mod_revision bigint NOT NULL,
+                     writes bigint NOT NULL, lease bigint);
+                 INSERT INTO old.kv VALUES ('\\x6b'::bytea, '\\x76'::bytea, 7, 7, 1, NULL);",
+            )
+            .await
+            .unwrap();
+        let shape = async || {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM pg_constraint
+                             WHERE conrelid = 'old.meta'::regclass AND contype = 'c'),
+                            (SELECT reloptions FROM pg_class WHERE oid = 'old.meta'::regclass),
+                            (SELECT count(*) FROM pg_attribute WHERE attrelid = 'old.meta'::regclass
+                             AND attname = 'listened' AND NOT attisdropped)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let options: Option<Vec<String>> = row.get(1);
+            (row.get::<_, i64>(0), options, row.get::<_, i64>(2))
+        };
+        assert_eq!(shape().await, (1, None, 0), "the earlier version's table");
+        let options = PostgresOptions::new(server.url()).with_schema("old");
+        let mut expected = (b"v".to_vec(), Version::new(7));
+        for value in [b"w", b"x"] {
+            let store = connect(options.clone()).await;
+            let migrated = (0, Some(vec!["fillfactor=10".to_owned()]), 1);
+            assert_eq!(shape().await, migrated, "migrated");
+            let kv = store.get(b"k").await.unwrap().expect("the key kept");
+            assert_eq!((kv.value, kv.mod_revision), expected);
+            assert_eq!(store.revision().await.unwrap(), expected.1);
+            let put = store.put(b"k", value, PutOptions::new()).await.unwrap();
+            let revision = put.committed().expect("a put commits");
+            assert_eq!(revision, Version::new(expected.1.get() + 1));
+            expected = (value.to_vec(), revision);
+        }
+        // The single row stays the only one the functions use.
+        let rows: i64 = client
+            .query_one("SELECT count(*) FROM old.meta", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 1);
+    }
+
     /// A store on a pool the user built (`from_pool`) passes every
     /// conformance check, its watches polling instead of listening.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
