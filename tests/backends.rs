@@ -475,6 +475,16 @@ pub(crate) mod postgres {
         waiter
     }
 
+    /// A plain SQL session on the server at `url`, its connection driven
+    /// by a task of its own.
+    async fn sql_client(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("a connection");
+        tokio::spawn(connection);
+        client
+    }
+
     /// A store holds no `LISTEN` session until it has a watch (an open
     /// one costs every notifying write server CPU); its first watch gets
     /// one and is woken by the next commit at once, not by its one-second
@@ -486,10 +496,7 @@ pub(crate) mod postgres {
             return;
         };
         let store = connect(PostgresOptions::new(server.url()).with_schema("lazy")).await;
-        let (client, connection) = tokio_postgres::connect(server.url(), tokio_postgres::NoTls)
-            .await
-            .expect("a connection");
-        tokio::spawn(connection);
+        let client = sql_client(server.url()).await;
         let listening = async || -> i64 {
             // The listening session's last statement: its LISTEN, or the
             // announcement to writers that follows it.
@@ -626,10 +633,7 @@ pub(crate) mod postgres {
         let Some(server) = skip_or_fail(PostgresServer::start()) else {
             return;
         };
-        let (client, connection) = tokio_postgres::connect(server.url(), tokio_postgres::NoTls)
-            .await
-            .expect("a connection");
-        tokio::spawn(connection);
+        let client = sql_client(server.url()).await;
         client
             .batch_execute(
                 "CREATE SCHEMA old;
@@ -680,6 +684,44 @@ pub(crate) mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(rows, 1);
+    }
+
+    /// A store that starts while a transaction holds write locks on the
+    /// keys table (a write in flight) neither waits for it nor makes the
+    /// writes after it wait: its migration takes no table lock when the
+    /// schema is current.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_starting_store_does_not_wait_for_writes_in_flight() {
+        use calm::store::{PutOptions, Store};
+        let Some(server) = skip_or_fail(PostgresServer::start()) else {
+            return;
+        };
+        let options = PostgresOptions::new(server.url()).with_schema("busy");
+        let first = connect(options.clone()).await;
+        let put = first.put(b"k", b"v", PutOptions::new()).await.unwrap();
+        assert!(put.committed().is_some());
+        let mut client = sql_client(server.url()).await;
+        let writing = client.transaction().await.unwrap();
+        writing
+            .execute(
+                "UPDATE busy.kv SET writes = writes WHERE key = '\\x6b'::bytea",
+                &[],
+            )
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let second = tokio::time::timeout(Duration::from_secs(5), connect(options))
+            .await
+            .expect("the store starts without waiting for the open transaction");
+        let other = second.put(b"other", b"v", PutOptions::new()).await.unwrap();
+        assert!(other.committed().is_some());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        writing.rollback().await.unwrap();
+        assert_eq!(first.get(b"k").await.unwrap().unwrap().value, b"v");
     }
 
     /// A store on a pool the user built (`from_pool`) passes every

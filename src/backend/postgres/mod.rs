@@ -33,7 +33,12 @@
 //! (a GC pause, SIGSTOP) cannot stall anybody else. calm's sessions also
 //! set `idle_in_transaction_session_timeout` and `lock_timeout`, so the
 //! server ends anything left waiting, and run at `READ COMMITTED` whatever
-//! the server's default isolation ([`SESSION_OPTIONS`]).
+//! the server's default isolation ([`SESSION_OPTIONS`]). The migration a
+//! store runs as it starts is one message too, which the server runs and
+//! commits on its own, and it takes no lock on a table whose schema is
+//! already current (an index is created, a column added, only where
+//! missing), so a store that starts, or freezes as it starts, never
+//! holds up the writers of the others.
 //!
 //! A compare that fails on the current committed state, with a failure
 //! branch that only reads, is answered from a snapshot without the lock:

@@ -235,12 +235,22 @@ CREATE TABLE IF NOT EXISTS {s}.kv (
     mod_revision bigint NOT NULL,
     writes bigint NOT NULL,
     lease bigint);
-CREATE INDEX IF NOT EXISTS kv_lease ON {s}.kv (lease) WHERE lease IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {s}.leases (
     id bigserial PRIMARY KEY,
     ttl_ms bigint NOT NULL,
     deadline timestamptz NOT NULL);
-CREATE INDEX IF NOT EXISTS leases_deadline ON {s}.leases (deadline);
+-- Each index only where it is missing: CREATE INDEX, even with IF NOT
+-- EXISTS, first locks its table against writes, which would make every
+-- store that starts wait for the writes in flight and hold up the next.
+DO $$
+BEGIN
+    IF to_regclass('{s}.kv_lease') IS NULL THEN
+        CREATE INDEX kv_lease ON {s}.kv (lease) WHERE lease IS NOT NULL;
+    END IF;
+    IF to_regclass('{s}.leases_deadline') IS NULL THEN
+        CREATE INDEX leases_deadline ON {s}.leases (deadline);
+    END IF;
+END $$;
 CREATE TABLE IF NOT EXISTS {s}.events (
     revision bigint NOT NULL,
     key bytea NOT NULL,

@@ -634,10 +634,13 @@ impl PostgresStore {
     }
 }
 
+/// Checks the pool's sessions and runs [`Sql::migrate`]: its statements go
+/// in one message, which the server runs as one transaction and commits
+/// (or rolls back) on its own, so a caller that freezes mid-migration
+/// holds no lock while the server waits for it.
 async fn migrate(pool: &Pool, sql: &Sql) -> Result<(), StoreError> {
-    let mut client = pool.get().await.map_err(pool_error)?;
-    let tx = client.transaction().await.map_err(err)?;
-    let isolation: String = tx
+    let client = pool.get().await.map_err(pool_error)?;
+    let isolation: String = client
         .query_one("SHOW transaction_isolation", &[])
         .await
         .map_err(err)?
@@ -653,8 +656,10 @@ async fn migrate(pool: &Pool, sql: &Sql) -> Result<(), StoreError> {
             .into(),
         });
     }
-    tx.batch_execute(&sql.migrate).await.map_err(err)?;
-    tx.commit().await.map_err(|e| pg_error(e, true))
+    client
+        .batch_execute(&sql.migrate)
+        .await
+        .map_err(|e| pg_error(e, true))
 }
 
 impl Store for PostgresStore {
